@@ -1,0 +1,97 @@
+"""Shared fixtures: tiny locally built models (one per family, built once per session) and tiny image datasets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from datasets import Dataset
+from PIL import Image
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
+COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """`tiny_model(family) -> path`: builds each family's tiny model once per test session."""
+    from vlm_grpo.testing import build_tiny_model
+
+    built: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in built:
+            built[family] = build_tiny_model(family, tmp_path_factory.mktemp(family))
+        return built[family]
+
+    return get
+
+
+def square_image(color: str, size: int = 56) -> Image.Image:
+    """A `size`x`size` grey image with a coloured square in the middle."""
+    image = Image.new("RGB", (size, size), (128, 128, 128))
+    q = size // 4
+    image.paste(Image.new("RGB", (2 * q, 2 * q), COLORS[color]), (q, q))
+    return image
+
+
+def color_rows(n: int, images_per_prompt: int = 1, text_only_every: int = 0) -> list[dict]:
+    """Rows of a colour question: `prompt` (conversational), `images`, `solution`.
+
+    Args:
+        n (`int`): number of rows.
+        images_per_prompt (`int`, defaults to 1): image entries per prompt.
+        text_only_every (`int`, defaults to 0): when > 0, every k-th row has no image at all.
+    """
+    names = list(COLORS)
+    rows = []
+    for i in range(n):
+        color = names[i % len(names)]
+        k = 0 if text_only_every and i % text_only_every == text_only_every - 1 else images_per_prompt
+        content = [{"type": "image"} for _ in range(k)] + [{"type": "text", "text": "What color is the square ?"}]
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": content}],
+                "images": [square_image(names[(i + j) % len(names)]) for j in range(k)],
+                "solution": color,
+            }
+        )
+    return rows
+
+
+def color_dataset(n: int = 8, **kwargs) -> Dataset:
+    """`color_rows` as a `datasets.Dataset` (images stored as image features)."""
+    return Dataset.from_list(color_rows(n, **kwargs))
+
+
+def length_reward(completions, **kwargs) -> list[float]:
+    """A reward that varies between samples of a group: the completion's length in characters."""
+    return [float(len(c[0]["content"])) for c in completions]
+
+
+def grpo_args(output_dir, **overrides):
+    """A `VLMGRPOConfig` for 2 fast CPU steps; `overrides` replace any field."""
+    from vlm_grpo import VLMGRPOConfig
+
+    values = dict(
+        output_dir=str(output_dir),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to="none",
+        bf16=False,
+        gradient_checkpointing=False,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    values.update(overrides)
+    return VLMGRPOConfig(**values)

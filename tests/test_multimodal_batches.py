@@ -1,0 +1,80 @@
+"""Multi-image prompts, mixed image/text batches, and placeholder tokens that must never be sampled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import color_dataset, color_rows, grpo_args, length_reward
+
+from vlm_grpo import VLMGRPOTrainer
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "internvl", "gemma3"])
+def test_two_images_per_prompt(family, tiny_model, tmp_path):
+    trainer = VLMGRPOTrainer(
+        model=tiny_model(family),
+        reward_funcs=length_reward,
+        args=grpo_args(tmp_path, max_steps=1),
+        train_dataset=color_dataset(8, images_per_prompt=2),
+    )
+    rows = color_rows(2, images_per_prompt=2)
+    encoded = trainer._encode_prompts([r["prompt"] for r in rows], [r["images"] for r in rows])
+    assert all(e.num_images == 2 for e in encoded)
+    # Each sample's image tensors alone explain its image tokens: the forward of one sample works standalone.
+    image_token = trainer.model.config.image_token_id
+    for e in encoded:
+        assert sum(t == image_token for t in e.input_ids) > 0
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    vision = [n for n in before if trainer.vlm_module.is_vision_module(n) and "head." not in n]
+    assert any(not torch.equal(before[n], trainer.model.get_parameter(n)) for n in vision)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+def test_batch_mixing_image_and_text_only_prompts(family, tiny_model, tmp_path):
+    trainer = VLMGRPOTrainer(
+        model=tiny_model(family),
+        reward_funcs=length_reward,
+        # per_device_train_batch_size 4 with G=2: two prompts per step, one with an image, one without
+        args=grpo_args(tmp_path, shuffle_dataset=False),
+        train_dataset=color_dataset(8, text_only_every=2),
+    )
+    rows = color_rows(2, text_only_every=2)
+    encoded = trainer._encode_prompts([r["prompt"] for r in rows], [r["images"] for r in rows])
+    assert [e.num_images for e in encoded] == [1, 0] and encoded[1].mm == {}
+    trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "internvl", "gemma3"])
+def test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_path):
+    trainer = VLMGRPOTrainer(
+        model=tiny_model(family),
+        reward_funcs=length_reward,
+        args=grpo_args(tmp_path, max_completion_length=6),
+        train_dataset=color_dataset(8),
+    )
+    placeholders = trainer.placeholder_token_ids
+    assert trainer.model.config.image_token_id in placeholders
+    # Make the model prefer placeholder tokens above all others.
+    lm_head = trainer.model.get_output_embeddings()
+
+    def favour_placeholders(module, args, output):
+        output[..., placeholders] += 100.0
+        return output
+
+    hook = lm_head.register_forward_hook(favour_placeholders)
+    rows = color_rows(4)
+    encoded = trainer._encode_prompts([r["prompt"] for r in rows], [r["images"] for r in rows])
+    try:
+        # Control: unconstrained sampling from this model emits placeholders.
+        ids = torch.tensor([encoded[0].input_ids])
+        inputs = trainer._model_inputs(trainer.model, ids, torch.ones_like(ids), [encoded[0].mm])
+        free = trainer.model.generate(**inputs, max_new_tokens=4, do_sample=True)[0, ids.size(1) :]
+        assert any(t in placeholders for t in free.tolist())
+        completions = trainer._sample_completions([e.input_ids for e in encoded], [e.mm for e in encoded])
+    finally:
+        hook.remove()
+    assert all(completions)
+    assert not any(t in placeholders for c in completions for t in c)

@@ -1,0 +1,75 @@
+"""LoRA and QLoRA set-up that knows which modules belong to the vision tower.
+
+By default LoRA targets every linear layer of the language model and none of the vision tower, projector or
+LM head; a user list is resolved against module names and the vision tower is still left out.
+"""
+
+from __future__ import annotations
+
+import torch
+from peft import LoraConfig
+from torch import nn
+from transformers import BitsAndBytesConfig, PreTrainedModel
+
+from .models.base import VLMModule
+
+
+def _is_linear(module: nn.Module) -> bool:
+    if isinstance(module, nn.Linear):
+        return True
+    # bitsandbytes' Linear4bit / Linear8bitLt subclass nn.Linear; keep the check explicit for other backends.
+    return type(module).__name__ in ("Linear4bit", "Linear8bitLt")
+
+
+def language_linear_names(model: PreTrainedModel, module: VLMModule, patterns: list[str] | None = None) -> list[str]:
+    """Full names of linear layers of the language model, optionally restricted to name patterns.
+
+    Args:
+        model (`PreTrainedModel`): the vision-language model (not yet wrapped by PEFT).
+        module (`VLMModule`): its per-model module (knows the vision module names).
+        patterns (`list[str] | None`, defaults to None): module-name suffixes such as `["q_proj", "v_proj"]`;
+            None selects every linear layer.
+
+    Returns:
+        `list[str]`: sorted full module names, never inside the vision tower/projector, never the LM head.
+    """
+    output_embeddings = model.get_output_embeddings()
+    names = []
+    for name, sub in model.named_modules():
+        if not _is_linear(sub) or sub is output_embeddings or module.is_vision_module(name):
+            continue
+        if patterns is None or any(name == p or name.endswith("." + p) for p in patterns):
+            names.append(name)
+    if not names:
+        raise ValueError(
+            f"No linear layer of the language model matches lora_target_modules={patterns}; "
+            "use names such as q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj."
+        )
+    return sorted(names)
+
+
+def resolve_lora_config(peft_config: LoraConfig, model: PreTrainedModel, module: VLMModule) -> LoraConfig:
+    """Return `peft_config` with `target_modules` resolved to language-model linear layers (see module doc).
+
+    `target_modules` None or `"all-linear"` means every language linear layer; a list keeps its entries but drops
+    vision modules.
+    """
+    targets = peft_config.target_modules
+    patterns = None if targets in (None, "all-linear") else ([targets] if isinstance(targets, str) else list(targets))
+    peft_config.target_modules = language_linear_names(model, module, patterns)
+    return peft_config
+
+
+def qlora_quantization_config(compute_dtype: torch.dtype = torch.bfloat16, double_quant: bool = False):
+    """bitsandbytes 4-bit NF4 config for QLoRA.
+
+    Args:
+        compute_dtype (`torch.dtype`, defaults to bf16): dtype of the de-quantized matmuls.
+        double_quant (`bool`, defaults to False): also quantize the quantization constants.
+    """
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=compute_dtype,
+        bnb_4bit_use_double_quant=double_quant,
+    )

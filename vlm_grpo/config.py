@@ -1,0 +1,68 @@
+"""Configuration dataclasses, subclassing TRL's so that `TrlParser` reads them from YAML and the command line.
+
+- `VLMGRPOConfig` (a `trl.GRPOConfig`): trainer options, plus vision-specific ones (freezing, image size).
+- `VLMModelConfig` (a `trl.ModelConfig`): how to load the model: dtype, attention, LoRA and QLoRA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import GRPOConfig, ModelConfig
+
+
+@dataclass
+class VLMGRPOConfig(GRPOConfig):
+    """`trl.GRPOConfig` plus the options of vision-language training.
+
+    Parameters:
+        freeze_vision_modules (`bool`, defaults to False): keep the vision tower and projector frozen (their
+            parameters get `requires_grad=False`). The names come from the model's module
+            (`VLMModule.vision_module_names`).
+        min_pixels (`int | None`, defaults to None): lower bound on pixels per image after resizing (Qwen-VL).
+        max_pixels (`int | None`, defaults to None): upper bound on pixels per image; larger images are resized
+            down, keeping their aspect ratio (Qwen-VL).
+        max_tiles (`int | None`, defaults to None): most tiles per image (InternVL).
+    """
+
+    freeze_vision_modules: bool = field(
+        default=False,
+        metadata={"help": "Freeze the vision tower and projector; only the language model trains."},
+    )
+    min_pixels: int | None = field(
+        default=None, metadata={"help": "Minimum pixels per image after resizing (Qwen-VL family)."}
+    )
+    max_pixels: int | None = field(
+        default=None,
+        metadata={"help": "Maximum pixels per image; larger images are resized down (Qwen-VL family)."},
+    )
+    max_tiles: int | None = field(default=None, metadata={"help": "Maximum tiles per image (InternVL)."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("min_pixels", "max_pixels", "max_tiles"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}.")
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels}).")
+
+    def image_size_kwargs(self) -> dict[str, Any]:
+        """The image-size knobs as keyword arguments for `VLMModule.load_processor`."""
+        return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "max_tiles": self.max_tiles}
+
+
+@dataclass
+class VLMModelConfig(ModelConfig):
+    """`trl.ModelConfig`: model path, dtype, attention, LoRA (`use_peft`, `lora_*`) and QLoRA (`load_in_4bit`).
+
+    With `use_peft` and no `lora_target_modules`, LoRA targets every linear layer of the language model and none of
+    the vision tower; a list of names (e.g. `q_proj v_proj`) narrows that set, and the vision tower stays out.
+    With `load_in_4bit`, weights load as bitsandbytes NF4 with bf16 compute (QLoRA); it requires `use_peft`.
+    """
+
+    def __post_init__(self):
+        super().__post_init__()
+        if (self.load_in_4bit or self.load_in_8bit) and not self.use_peft:
+            raise ValueError("load_in_4bit/load_in_8bit train only adapters: also set use_peft: true.")

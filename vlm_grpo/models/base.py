@@ -1,0 +1,222 @@
+"""The per-model module interface: everything that differs between vision-language model families.
+
+The trainer never asks which model it runs. It asks the module chosen by `config.model_type`
+(see `vlm_grpo.models.get_vlm_module`) to load the model and processor, to encode a prompt with its images,
+to assemble generate/forward inputs for a batch, which parameters belong to the vision tower, which tokens must
+never be sampled, and which tokens end a completion. A module never owns a prompt or a reward.
+
+Multimodal tensors are kept **per sample** (`EncodedPrompt.mm`): a dict of tensors whose first dimension indexes
+this sample's images, patches or tiles. Slicing a batch is then list slicing, and mixing image and text-only
+prompts, or several images per prompt, needs no bookkeeping. `collate` concatenates them back for a forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor, PreTrainedModel, ProcessorMixin
+
+from ..device import resolve_attn_implementation, resolve_dtype
+
+
+@dataclass
+class EncodedPrompt:
+    """One prompt after the chat template and the processor.
+
+    Attributes:
+        input_ids (`list[int]`): prompt token ids, image placeholders already expanded.
+        mm (`dict[str, torch.Tensor]`): this sample's image tensors (e.g. `pixel_values` `[N_patches, D]` and
+            `image_grid_thw` `[N_images, 3]` for Qwen). Empty for a text-only prompt.
+        num_images (`int`): number of images in the prompt.
+    """
+
+    input_ids: list[int]
+    mm: dict[str, torch.Tensor] = field(default_factory=dict)
+    num_images: int = 0
+
+
+class VLMModule:
+    """Base class of a model family module. Subclass it in one file per family and register it in `registry.py`.
+
+    Class attributes a subclass sets:
+        model_types (`tuple[str, ...]`): the `config.model_type` values it serves.
+        vision_module_names (`tuple[str, ...]`): name fragments of the vision tower and projector modules
+            (matched against `named_modules()` names split on "."), frozen by `freeze_vision_modules` and kept out
+            of LoRA.
+        image_input_keys (`tuple[str, ...]`): processor outputs that are per-image tensors (first dim = images,
+            patches or tiles).
+        placeholder_config_attrs (`tuple[str, ...]`): model-config attributes holding ids of the special tokens
+            that stand for or delimit images/videos; they are suppressed during generation.
+        placeholder_processor_attrs (`tuple[str, ...]`): processor or tokenizer attributes naming more such tokens.
+    """
+
+    model_types: ClassVar[tuple[str, ...]] = ()
+    vision_module_names: ClassVar[tuple[str, ...]] = ()
+    image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
+    placeholder_config_attrs: ClassVar[tuple[str, ...]] = ("image_token_id", "video_token_id")
+    placeholder_processor_attrs: ClassVar[tuple[str, ...]] = ("image_token", "video_token")
+
+    def __init__(self, model_type: str | None = None):
+        """Args: model_type (`str | None`): the `config.model_type` served; defaults to the first of `model_types`."""
+        self.model_type = model_type or self.model_types[0]
+
+    # ----------------------------------------------------------------------------------------------- loading
+    def model_class(self) -> type:
+        """The `transformers` class used to load the model (default: `AutoModelForImageTextToText`)."""
+        return AutoModelForImageTextToText
+
+    def model_init_kwargs(
+        self,
+        dtype: str | torch.dtype | None = None,
+        attn_implementation: str | None = None,
+        quantization_config: Any = None,
+        trust_remote_code: bool = False,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Keyword arguments for `from_pretrained`.
+
+        Args:
+            dtype (`str | torch.dtype | None`, defaults to None): weight dtype; None = bf16 on GPU/NPU, fp32 on CPU.
+            attn_implementation (`str | None`, defaults to None): attention kernel; falls back to sdpa when
+                flash-attn is absent.
+            quantization_config (`BitsAndBytesConfig | None`, defaults to None): 4-bit/8-bit quantization.
+            trust_remote_code (`bool`, defaults to False): allow code from the checkpoint to run.
+            **extra: passed through unchanged.
+        """
+        kwargs = dict(extra)
+        kwargs["dtype"] = resolve_dtype(dtype)
+        kwargs["attn_implementation"] = resolve_attn_implementation(attn_implementation)
+        kwargs["trust_remote_code"] = trust_remote_code
+        if quantization_config is not None:
+            kwargs["quantization_config"] = quantization_config
+        return kwargs
+
+    def load_model(self, path: str, **init_kwargs: Any) -> PreTrainedModel:
+        """Load the model at `path` with the family's class; `init_kwargs` as from `model_init_kwargs`."""
+        return self.model_class().from_pretrained(path, **init_kwargs)
+
+    def load_processor(
+        self,
+        path: str,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        max_tiles: int | None = None,
+        trust_remote_code: bool = False,
+    ) -> ProcessorMixin:
+        """Load the processor, left-padding, and apply the family's image-size knobs.
+
+        Args:
+            path (`str`): model folder.
+            min_pixels (`int | None`): lower bound on pixels per image after resizing (families that resize).
+            max_pixels (`int | None`): upper bound on pixels per image after resizing; larger images are resized.
+            max_tiles (`int | None`): most tiles per image (families that tile).
+            trust_remote_code (`bool`, defaults to False): allow code from the checkpoint to run.
+        """
+        processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, padding_side="left")
+        processor.tokenizer.padding_side = "left"
+        self.configure_image_size(processor, min_pixels=min_pixels, max_pixels=max_pixels, max_tiles=max_tiles)
+        return processor
+
+    def configure_image_size(
+        self,
+        processor: ProcessorMixin,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        max_tiles: int | None = None,
+    ) -> None:
+        """Apply image-size limits to `processor` in place. The base family has none and rejects them."""
+        given = {k: v for k, v in dict(min_pixels=min_pixels, max_pixels=max_pixels, max_tiles=max_tiles).items()
+                 if v is not None}
+        if given:
+            raise ValueError(
+                f"{type(self).__name__} has no image-size knob {sorted(given)}; remove it from the config."
+            )
+
+    # ---------------------------------------------------------------------------------------------- tokens
+    def placeholder_token_ids(self, processor: ProcessorMixin, model_config: Any) -> list[int]:
+        """Ids of the image/video placeholder and delimiter tokens: they must never appear in a completion."""
+        tokenizer = processor.tokenizer
+        ids = [getattr(model_config, a, None) for a in self.placeholder_config_attrs]
+        ids = [int(i) for i in ids if isinstance(i, int)]
+        for attr in self.placeholder_processor_attrs:
+            token = getattr(processor, attr, None) or getattr(tokenizer, attr, None)
+            if token is None:
+                continue
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if token_id is not None and token_id != tokenizer.unk_token_id:
+                ids.append(int(token_id))
+        return sorted(set(ids))
+
+    def eos_token_ids(self, processor: ProcessorMixin, model: PreTrainedModel) -> list[int]:
+        """Tokens that end a completion: the generation config's eos ids plus the tokenizer's eos."""
+        eos = model.generation_config.eos_token_id
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        if processor.tokenizer.eos_token_id is not None:
+            eos.append(processor.tokenizer.eos_token_id)
+        return sorted(set(int(e) for e in eos))
+
+    # --------------------------------------------------------------------------------------------- encoding
+    def encode_prompt(
+        self, processor: ProcessorMixin, messages: list[dict], images: Sequence[Any] | None
+    ) -> EncodedPrompt:
+        """Apply the chat template and the processor to one conversational prompt.
+
+        Args:
+            processor (`ProcessorMixin`): the family's processor.
+            messages (`list[dict]`): conversational prompt whose user content holds `{"type": "image"}` entries.
+            images (`Sequence[PIL.Image.Image] | None`): the images, in placeholder order.
+        """
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        images = list(images) if images else []
+        num_placeholders = sum(
+            1 for m in messages if isinstance(m["content"], list) for part in m["content"] if part["type"] == "image"
+        )
+        if num_placeholders != len(images):
+            raise ValueError(
+                f"The prompt has {num_placeholders} image entries but {len(images)} images were given; "
+                "each image needs exactly one {'type': 'image'} entry in the prompt."
+            )
+        encoded = processor(text=[text], images=images or None, return_tensors="pt")
+        mm = {k: encoded[k] for k in self.image_input_keys if k in encoded and images}
+        return EncodedPrompt(input_ids=encoded["input_ids"][0].tolist(), mm=mm, num_images=len(images))
+
+    def collate(self, mm_list: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Concatenate per-sample image tensors of a batch along dim 0 (text-only samples contribute nothing)."""
+        keys = [k for k in self.image_input_keys if any(k in mm for mm in mm_list)]
+        return {k: torch.cat([mm[k] for mm in mm_list if k in mm], dim=0) for k in keys}
+
+    def token_type_inputs(self, input_ids: torch.Tensor, model_config: Any) -> dict[str, torch.Tensor]:
+        """Per-token inputs the family derives from the ids (e.g. which tokens are image tokens). None by default."""
+        return {}
+
+    def model_inputs(
+        self,
+        model_config: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mm_list: Sequence[dict[str, torch.Tensor]],
+    ) -> dict[str, torch.Tensor]:
+        """Inputs for `generate` or `forward` of a batch.
+
+        Args:
+            model_config (`PretrainedConfig`): the model's config (token ids of image placeholders).
+            input_ids (`torch.Tensor`): `[B, L]` token ids (left-padded prompts, maybe followed by completions).
+            attention_mask (`torch.Tensor`): `[B, L]`.
+            mm_list (`Sequence[dict]`): the per-sample image tensors of the same B samples, in order.
+        """
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        mm = self.collate(mm_list)
+        if mm:
+            device = input_ids.device
+            inputs.update({k: v.to(device) for k, v in mm.items()})
+            inputs.update(self.token_type_inputs(input_ids, model_config))
+        return inputs
+
+    # ---------------------------------------------------------------------------------------------- modules
+    def is_vision_module(self, name: str) -> bool:
+        """Whether a module or parameter name belongs to the vision tower or the projector."""
+        parts = name.split(".")
+        return any(fragment in parts for fragment in self.vision_module_names)

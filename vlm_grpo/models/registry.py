@@ -1,0 +1,48 @@
+"""Choose the per-model module from `config.model_type`: adding a family is one file plus one line here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoConfig, PretrainedConfig
+
+from .base import VLMModule
+from .gemma3 import Gemma3Module
+from .internvl import InternVLModule
+from .qwen2_vl import Qwen2VLModule
+
+MODULES: tuple[type[VLMModule], ...] = (Qwen2VLModule, InternVLModule, Gemma3Module)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for cls in MODULES for t in cls.model_types)
+
+
+def _model_type(model_or_config_or_path: Any, trust_remote_code: bool) -> str:
+    obj = model_or_config_or_path
+    if isinstance(obj, str):
+        obj = AutoConfig.from_pretrained(obj, trust_remote_code=trust_remote_code)
+    config = obj if isinstance(obj, PretrainedConfig) else getattr(obj, "config", None)
+    if not isinstance(config, PretrainedConfig):
+        raise TypeError(
+            f"get_vlm_module expects a model, a PretrainedConfig or a path, got {type(model_or_config_or_path)}."
+        )
+    return config.model_type
+
+
+def get_vlm_module(model_or_config_or_path: Any, trust_remote_code: bool = False) -> VLMModule:
+    """Return the module serving this model's `config.model_type`.
+
+    Args:
+        model_or_config_or_path (`PreTrainedModel | PeftModel | PretrainedConfig | str`): the model, its config,
+            or a local folder / hub id holding its config.
+        trust_remote_code (`bool`, defaults to False): needed only to read a config shipped as remote code.
+
+    Raises:
+        ValueError: the model type is not supported; the message lists the supported ones.
+    """
+    model_type = _model_type(model_or_config_or_path, trust_remote_code)
+    for cls in MODULES:
+        if model_type in cls.model_types:
+            return cls(model_type)
+    raise ValueError(
+        f"Unsupported model_type {model_type!r}. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}. "
+        "To add a family, write a VLMModule subclass in vlm_grpo/models/ and add it to MODULES in registry.py."
+    )

@@ -1,0 +1,366 @@
+"""`VLMGRPOTrainer`: TRL's GRPO loop for vision-language models, with every model quirk delegated.
+
+What this subclass changes, in the order a step runs:
+
+1. `__init__`: loads the model and processor through the per-model module chosen by `config.model_type`,
+   freezes the vision tower on request, aims LoRA at the language model only, and builds the reference model
+   itself (from the path, or a copy of an in-memory model; with PEFT the adapter-disabled policy is the
+   reference).
+2. `_generate_and_score_completions`: each prompt is encoded once (chat template + processor) into ids and
+   per-sample image tensors; completions are sampled with image/video placeholder tokens suppressed; old and
+   reference log-probs, rewards and group advantages follow as in TRL.
+3. `_compute_loss`: TRL's loss, with the forward inputs assembled by the module from the per-sample tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from accelerate.utils import gather, gather_object, is_peft_model
+from peft import LoraConfig, PeftConfig
+from transformers import PreTrainedModel, ProcessorMixin
+from trl import GRPOTrainer
+from trl.extras.profiling import profiling_context
+from trl.models import prepare_deepspeed, unwrap_model_for_generation
+from trl.models.utils import disable_gradient_checkpointing
+from trl.data_utils import prepare_multimodal_messages
+from trl.trainer.callbacks import SyncRefModelCallback
+from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model, nanstd, pad, use_adapter
+
+from .adapters import resolve_lora_config
+from .advantages import group_advantages
+from .config import VLMGRPOConfig
+from .models import EncodedPrompt, VLMModule, get_vlm_module
+
+
+def _prompt_images(example: dict[str, Any]) -> list[Any]:
+    """The images of one dataset row: an `images` list, a single `image`, or none."""
+    if example.get("images") is not None:
+        return list(example["images"])
+    if example.get("image") is not None:
+        return [example["image"]]
+    return []
+
+
+class VLMGRPOTrainer(GRPOTrainer):
+    """GRPO for vision-language models. Arguments are those of `trl.GRPOTrainer`, with these differences:
+
+    Args:
+        model (`str | PreTrainedModel`): a model folder (or hub id), loaded by the family's module with
+            `args.model_init_kwargs` (dtype, attn_implementation, quantization_config, ...), or a model in memory.
+        args (`VLMGRPOConfig`): training options; see its docstring for the vision-specific ones.
+        processing_class (`ProcessorMixin | None`): defaults to the family's processor with `args`' image limits.
+        peft_config (`peft.LoraConfig | None`): LoRA; `target_modules=None` or `"all-linear"` means every linear
+            layer of the language model, and the vision tower is never targeted.
+
+    Not supported (a clear error is raised): tools, environments, a custom `rollout_func`, transformers
+    continuous batching, and reward models given as paths (pass reward functions).
+    """
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: Any = None,
+        args: VLMGRPOConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: ProcessorMixin | None = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        peft_config: PeftConfig | None = None,
+    ):
+        if args is None:
+            args = VLMGRPOConfig(output_dir="vlm-grpo-output")
+        if not isinstance(args, VLMGRPOConfig):
+            raise TypeError(f"args must be a VLMGRPOConfig, got {type(args).__name__}.")
+        if args.use_transformers_continuous_batching:
+            raise ValueError("use_transformers_continuous_batching does not support images; leave it off.")
+        if args.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError("VLMGRPOTrainer supports multi_objective_aggregation='sum_then_normalize' only.")
+        if args.use_vllm:
+            raise ValueError("use_vllm is not supported by VLMGRPOTrainer yet; generate with transformers instead.")
+        module = get_vlm_module(model, trust_remote_code=args.trust_remote_code)
+
+        model_path = model if isinstance(model, str) else None
+        if model_path is not None:
+            init_kwargs = dict(args.model_init_kwargs or {})
+            if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED"):
+                init_kwargs["device_map"] = None
+            init_kwargs = module.model_init_kwargs(**{**init_kwargs, "trust_remote_code": args.trust_remote_code})
+            model = module.load_model(model_path, **init_kwargs)
+        if processing_class is None:
+            source = model_path or model.config._name_or_path
+            processing_class = module.load_processor(
+                source, trust_remote_code=args.trust_remote_code, **args.image_size_kwargs()
+            )
+
+        # Reference model (beta > 0): TRL would rebuild it from `config._name_or_path`, which fails for a model that
+        # exists only in memory. We build it ourselves after TRL's __init__ (see `_build_reference_model`).
+        needs_ref = args.beta != 0.0 and peft_config is None and not is_peft_model(model)
+        ref_model = None
+        if needs_ref and model_path is None:
+            ref_model = copy.deepcopy(model).eval()
+
+        if args.freeze_vision_modules:
+            for name, param in model.named_parameters():
+                if module.is_vision_module(name):
+                    param.requires_grad_(False)
+        if isinstance(peft_config, LoraConfig):
+            peft_config = resolve_lora_config(peft_config, model, module)
+
+        beta, sync_ref = args.beta, args.sync_ref_model
+        args.beta, args.sync_ref_model = 0.0, False  # keep TRL from building its own reference model
+        try:
+            super().__init__(
+                model=model,
+                reward_funcs=reward_funcs,
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                peft_config=peft_config,
+            )
+        finally:
+            args.beta, args.sync_ref_model = beta, sync_ref
+        self.beta = beta
+        self.vlm_module: VLMModule = module
+        self._active_mm_inputs: Sequence[dict[str, torch.Tensor]] | None = None
+        if self.tools or self.environment_factories is not None or self.rollout_func is not None:
+            raise ValueError("VLMGRPOTrainer does not support tools, environment_factory or rollout_func.")
+
+        # Completions end on the family's eos tokens and never contain image/video placeholders.
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        self.eos_token_ids = module.eos_token_ids(processing_class, unwrapped)
+        self.placeholder_token_ids = module.placeholder_token_ids(processing_class, unwrapped.config)
+        if not self.use_vllm:
+            self.generation_kwargs.update(eos_token_id=self.eos_token_ids, suppress_tokens=self.placeholder_token_ids)
+            self.generation_config.eos_token_id = self.eos_token_ids
+            self.generation_config.suppress_tokens = self.placeholder_token_ids
+
+        if needs_ref:
+            self.ref_model = self._build_reference_model(ref_model, model_path, module, init_kwargs if model_path else {})
+            if sync_ref:
+                self.add_callback(SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator))
+
+    # ------------------------------------------------------------------------------------------- reference
+    def _build_reference_model(
+        self, ref_model: PreTrainedModel | None, model_path: str | None, module: VLMModule, init_kwargs: dict
+    ) -> torch.nn.Module:
+        """Reference policy: a frozen copy of the initial model, prepared like the policy (ZeRO-3 shards it)."""
+        if ref_model is None:
+            ref_model = module.load_model(model_path, **init_kwargs)
+        ref_model.requires_grad_(False)
+        if self.args.disable_dropout:
+            disable_dropout_in_model(ref_model)
+        add_fused_lm_head(ref_model, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(ref_model, self.accelerator)
+        return self.accelerator.prepare_model(ref_model, evaluation_mode=True)
+
+    # ------------------------------------------------------------------------------------------- encoding
+    def _encode_prompts(self, prompts: list[list[dict]], images: list[list[Any]]) -> list[EncodedPrompt]:
+        """Chat template + processor, once per prompt; image tensors are moved to the device once."""
+        device = self.accelerator.device
+        encoded = []
+        for prompt, prompt_images in zip(prompts, images, strict=True):
+            messages = prepare_multimodal_messages(prompt, images=prompt_images)
+            item = self.vlm_module.encode_prompt(self.processing_class, messages, prompt_images)
+            item.mm = {k: v.to(device) for k, v in item.mm.items()}
+            encoded.append(item)
+        return encoded
+
+    def _model_inputs(
+        self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mm_list: Sequence[dict]
+    ) -> dict[str, torch.Tensor]:
+        config = self.accelerator.unwrap_model(model).config
+        return self.vlm_module.model_inputs(config, input_ids, attention_mask, mm_list)
+
+    # ----------------------------------------------------------------------------------------- generation
+    def _sample_completions(self, prompt_ids_list: list[list[int]], mm_list: list[dict]) -> list[list[int]]:
+        """Sample one completion per prompt row (rows already repeat each prompt G times); ids up to first eos."""
+        device = self.accelerator.device
+        prompt_ids = pad([torch.tensor(ids) for ids in prompt_ids_list], self._tokenizer.pad_token_id, "left")
+        prompt_mask = pad([torch.ones(len(ids), dtype=torch.long) for ids in prompt_ids_list], 0, "left")
+        inputs = self._model_inputs(self.model, prompt_ids.to(device), prompt_mask.to(device), mm_list)
+        with (
+            profiling_context(self, "transformers.generate"),
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                generation_kwargs=self.generation_kwargs,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as unwrapped_model,
+            torch.no_grad(),
+        ):
+            output = unwrapped_model.generate(**inputs, generation_config=self.generation_config)
+        completion_ids = output[:, prompt_ids.size(1) :].cpu()  # [B, C]
+        is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids))
+        lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completion_ids.size(1))  # keep the eos
+        return [row[:n].tolist() for row, n in zip(completion_ids, lengths.tolist(), strict=True)]
+
+    # ----------------------------------------------------------------------------------------- log-probs
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        mm_inputs: Sequence[dict[str, torch.Tensor]] | None = None,
+        **trl_multimodal_kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Per-token log-probs `[B, C]` of the last `logits_to_keep` tokens, entropies and MoE aux loss.
+
+        Multimodal inputs come per sample (`mm_inputs`, or the batch being trained on, set by `_compute_loss`);
+        TRL's flat keyword arguments (`pixel_values=...`) are never used and must be None.
+        """
+        stray = sorted(k for k, v in trl_multimodal_kwargs.items() if v is not None)
+        if stray:
+            raise RuntimeError(f"Unexpected flat multimodal inputs {stray}: VLMGRPOTrainer keeps them per sample.")
+        mm_inputs = self._active_mm_inputs if mm_inputs is None else mm_inputs
+        batch_size = batch_size or input_ids.size(0)
+        all_logps, all_entropies, all_aux = [], [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            end = min(start + batch_size, input_ids.size(0))
+            inputs = self._model_inputs(model, input_ids[start:end], attention_mask[start:end], mm_inputs[start:end])
+            if compute_aux_loss:
+                inputs["output_router_logits"] = True
+            labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)  # [b, P+C]
+            labels[:, :-logits_to_keep] = -100
+            with self.accelerator.autocast():
+                outputs = model(**inputs, labels=labels, fused_lm_head=True)
+            all_logps.append(outputs.log_probs[:, -logits_to_keep:])  # [b, C]
+            if compute_entropy:
+                all_entropies.append(outputs.entropy[:, -logits_to_keep:])
+            if compute_aux_loss:
+                all_aux.append(outputs.aux_loss)
+        logps = torch.cat(all_logps, dim=0)
+        entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
+        aux_loss = torch.stack(all_aux).mean() if compute_aux_loss else None
+        return logps, entropies, aux_loss
+
+    def _compute_loss(self, model, inputs):
+        """TRL's GRPO loss; the forward reads this batch's per-sample image tensors."""
+        self._active_mm_inputs = inputs["mm_inputs"]
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._active_mm_inputs = None
+
+    def _reference_logps(self, input_ids, attention_mask, logits_to_keep, batch_size, mm_list):
+        if self.ref_model is not None:
+            return self._get_per_token_logps_and_entropies(
+                self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size, mm_inputs=mm_list
+            )[0]
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        adapter = "ref" if "ref" in unwrapped.peft_config else None
+        with use_adapter(unwrapped, adapter_name=adapter):
+            return self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, logits_to_keep, batch_size, mm_inputs=mm_list
+            )[0]
+
+    # ------------------------------------------------------------------------------------------- rollout
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Encode, sample, score and compute advantages for one generation batch (rows repeat each prompt G times)."""
+        device = self.accelerator.device
+        mode = "train" if self.model.training else "eval"
+        prompts = [x["prompt"] for x in inputs]
+        encoded = self._encode_prompts(prompts, [_prompt_images(x) for x in inputs])
+        prompt_ids_list = [e.input_ids for e in encoded]
+        mm_list = [e.mm for e in encoded]
+
+        completion_ids_list = self._sample_completions(prompt_ids_list, mm_list)
+        texts = self.processing_class.batch_decode(completion_ids_list, skip_special_tokens=True)
+        completions = [[{"role": "assistant", "content": t}] for t in texts]
+        self._log_lengths(mode, prompt_ids_list, completion_ids_list)
+
+        pad_id = self._tokenizer.pad_token_id
+        prompt_ids = pad([torch.tensor(ids) for ids in prompt_ids_list], pad_id, "left").to(device)  # [B, P]
+        prompt_mask = pad([torch.ones(len(ids), dtype=torch.long) for ids in prompt_ids_list], 0, "left").to(device)
+        completion_ids = pad([torch.tensor(ids) for ids in completion_ids_list], pad_id, "right").to(device)  # [B, C]
+        completion_mask = pad([torch.ones(len(ids), dtype=torch.long) for ids in completion_ids_list], 0, "right")
+        completion_mask = completion_mask.to(device)
+        if self.mask_truncated_completions:
+            truncated = torch.tensor([not ids or ids[-1] not in self.eos_token_ids for ids in completion_ids_list])
+            completion_mask = completion_mask * (~truncated).to(device).unsqueeze(1).int()
+        num_items_in_batch = self.accelerator.gather(completion_mask.sum()).sum()
+
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P+C]
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # [B, P+C]
+        logits_to_keep = completion_ids.size(1)
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+
+        old_logps = ref_logps = None
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            if self.args.gradient_accumulation_steps % generate_every != 0:
+                old_logps = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, logits_to_keep, batch_size, mm_inputs=mm_list
+                )[0]  # [B, C]
+            if self.beta != 0.0:
+                ref_logps = self._reference_logps(input_ids, attention_mask, logits_to_keep, batch_size, mm_list)
+
+        rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # [N, F]
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        advantages, rewards, is_std_zero = group_advantages(
+            rewards_per_func, self.reward_weights, num_generations, self.scale_rewards
+        )
+        all_advantages = advantages.clone()
+        rank = self.accelerator.process_index
+        advantages = advantages[rank * len(prompts) : (rank + 1) * len(prompts)]  # [B]
+        self._log_rewards(mode, rewards_per_func, rewards, is_std_zero)
+        self._logs["prompt"].extend(gather_object(prompts))
+        self._logs["completion"].extend(gather_object(completions))
+        for i, name in enumerate(self.reward_func_names):
+            self._logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
+        self._logs["advantages"].extend(all_advantages.tolist())
+
+        output = {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "advantages": advantages,
+            "num_items_in_batch": num_items_in_batch,
+            "mm_inputs": mm_list,
+        }
+        if old_logps is not None:
+            output["old_per_token_logps"] = old_logps
+        if ref_logps is not None:
+            output["ref_per_token_logps"] = ref_logps
+        return output
+
+    # ------------------------------------------------------------------------------------------- metrics
+    def _log_lengths(self, mode: str, prompt_ids_list: list[list[int]], completion_ids_list: list[list[int]]) -> None:
+        device = self.accelerator.device
+        prompt_lengths = gather(torch.tensor([len(i) for i in prompt_ids_list], device=device))
+        lengths = gather(torch.tensor([len(i) for i in completion_ids_list], device=device)).float()
+        truncated = gather(
+            torch.tensor([not i or i[-1] not in self.eos_token_ids for i in completion_ids_list], device=device)
+        )
+        if mode == "train":
+            self.state.num_input_tokens_seen += int(prompt_lengths.sum().item() + lengths.sum().item())
+        metrics = self._metrics[mode]
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        metrics["completions/mean_length"].append(lengths.mean().item())
+        metrics["completions/min_length"].append(lengths.min().item())
+        metrics["completions/max_length"].append(lengths.max().item())
+        metrics["completions/clipped_ratio"].append(truncated.float().mean().item())
+
+    def _log_rewards(self, mode: str, rewards_per_func, rewards, is_std_zero) -> None:
+        metrics = self._metrics[mode]
+        for i, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
+            metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[:, i]).item())
+        metrics["reward"].append(torch.nanmean(rewards).item())
+        metrics["reward_std"].append(nanstd(rewards).item())
+        metrics["frac_reward_zero_std"].append(is_std_zero.float().mean().item())
+
