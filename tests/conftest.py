@@ -52,7 +52,9 @@ def color_rows(n: int, images_per_prompt: int = 1, text_only_every: int = 0) -> 
     for i in range(n):
         color = names[i % len(names)]
         k = 0 if text_only_every and i % text_only_every == text_only_every - 1 else images_per_prompt
-        content = [{"type": "image"} for _ in range(k)] + [{"type": "text", "text": "What color is the square ?"}]
+        content = [{"type": "image"} for _ in range(k)] + [
+            {"type": "text", "text": "What color is the square ?"}
+        ]
         rows.append(
             {
                 "prompt": [{"role": "user", "content": content}],

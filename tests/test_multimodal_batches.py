@@ -18,9 +18,8 @@ def test_two_images_per_prompt(family, tiny_model, tmp_path):
         train_dataset=color_dataset(8, images_per_prompt=2),
     )
     rows = color_rows(2, images_per_prompt=2)
-    encoded = trainer._encode_prompts([r["prompt"] for r in rows], [r["images"] for r in rows])
+    encoded = trainer._encode_examples(rows)
     assert all(e.num_images == 2 for e in encoded)
-    # Each sample's image tensors alone explain its image tokens: the forward of one sample works standalone.
     image_token = trainer.model.config.image_token_id
     for e in encoded:
         assert sum(t == image_token for t in e.input_ids) > 0
@@ -40,7 +39,7 @@ def test_batch_mixing_image_and_text_only_prompts(family, tiny_model, tmp_path):
         train_dataset=color_dataset(8, text_only_every=2),
     )
     rows = color_rows(2, text_only_every=2)
-    encoded = trainer._encode_prompts([r["prompt"] for r in rows], [r["images"] for r in rows])
+    encoded = trainer._encode_examples(rows)
     assert [e.num_images for e in encoded] == [1, 0] and encoded[1].mm == {}
     trainer.train()
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
@@ -66,7 +65,7 @@ def test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_pa
 
     hook = lm_head.register_forward_hook(favour_placeholders)
     rows = color_rows(4)
-    encoded = trainer._encode_prompts([r["prompt"] for r in rows], [r["images"] for r in rows])
+    encoded = trainer._encode_examples(rows)
     try:
         # Control: unconstrained sampling from this model emits placeholders.
         ids = torch.tensor([encoded[0].input_ids])

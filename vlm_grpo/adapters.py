@@ -21,7 +21,9 @@ def _is_linear(module: nn.Module) -> bool:
     return type(module).__name__ in ("Linear4bit", "Linear8bitLt")
 
 
-def language_linear_names(model: PreTrainedModel, module: VLMModule, patterns: list[str] | None = None) -> list[str]:
+def language_linear_names(
+    model: PreTrainedModel, module: VLMModule, patterns: list[str] | None = None
+) -> list[str]:
     """Full names of linear layers of the language model, optionally restricted to name patterns.
 
     Args:
@@ -55,7 +57,11 @@ def resolve_lora_config(peft_config: LoraConfig, model: PreTrainedModel, module:
     vision modules.
     """
     targets = peft_config.target_modules
-    patterns = None if targets in (None, "all-linear") else ([targets] if isinstance(targets, str) else list(targets))
+    patterns = (
+        None
+        if targets in (None, "all-linear")
+        else ([targets] if isinstance(targets, str) else list(targets))
+    )
     peft_config.target_modules = language_linear_names(model, module, patterns)
     return peft_config
 

@@ -32,7 +32,9 @@ def group_advantages(
     grouped = rewards.view(-1, num_generations)  # [N/G, G]
     mean = torch.nanmean(grouped, dim=1).repeat_interleave(num_generations)  # [N]
     if scale_rewards in ("group", "none"):
-        std = nanstd(grouped, dim=1).repeat_interleave(num_generations) if num_generations > 1 else rewards * 0
+        std = (
+            nanstd(grouped, dim=1).repeat_interleave(num_generations) if num_generations > 1 else rewards * 0
+        )
     elif scale_rewards == "batch":
         std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else rewards * 0
     else:

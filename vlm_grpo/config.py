@@ -46,7 +46,9 @@ class VLMGRPOConfig(GRPOConfig):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value}.")
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
-            raise ValueError(f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels}).")
+            raise ValueError(
+                f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})."
+            )
 
     def image_size_kwargs(self) -> dict[str, Any]:
         """The image-size knobs as keyword arguments for `VLMModule.load_processor`."""

@@ -46,8 +46,14 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str:
         return dtype
     if dtype is None:
         return torch.float32 if accelerator_type() == "cpu" else torch.bfloat16
-    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "float32": torch.float32, "fp32": torch.float32}
+    names = {
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "float32": torch.float32,
+        "fp32": torch.float32,
+    }
     if dtype not in names:
         raise ValueError(f"dtype={dtype!r} is not supported: use one of auto, bfloat16, float16, float32.")
     return names[dtype]
@@ -83,3 +89,9 @@ def peak_memory_bytes(device: torch.device | str) -> int:
     if device.type in ("cuda", "npu"):
         return getattr(torch, device.type).max_memory_allocated(device)
     return 0
+
+
+def default_device() -> torch.device:
+    """The device a single process (evaluation, benchmarks) runs on: the first CUDA/NPU device, else the CPU."""
+    kind = accelerator_type()
+    return torch.device(f"{kind}:0" if kind != "cpu" else "cpu")

@@ -23,10 +23,10 @@ from accelerate.utils import gather, gather_object, is_peft_model
 from peft import LoraConfig, PeftConfig
 from transformers import PreTrainedModel, ProcessorMixin
 from trl import GRPOTrainer
+from trl.data_utils import prepare_multimodal_messages
 from trl.extras.profiling import profiling_context
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.models.utils import disable_gradient_checkpointing
-from trl.data_utils import prepare_multimodal_messages
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model, nanstd, pad, use_adapter
 
@@ -43,6 +43,17 @@ def _prompt_images(example: dict[str, Any]) -> list[Any]:
     if example.get("image") is not None:
         return [example["image"]]
     return []
+
+
+def _same_example(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two rows hold the same prompt and pixel-identical images (consecutive rows of one group do)."""
+    if a["prompt"] != b["prompt"]:
+        return False
+    images_a, images_b = _prompt_images(a), _prompt_images(b)
+    return len(images_a) == len(images_b) and all(
+        x is y or (x.size == y.size and x.mode == y.mode and x.tobytes() == y.tobytes())
+        for x, y in zip(images_a, images_b, strict=True)
+    )
 
 
 class VLMGRPOTrainer(GRPOTrainer):
@@ -81,7 +92,9 @@ class VLMGRPOTrainer(GRPOTrainer):
         if args.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError("VLMGRPOTrainer supports multi_objective_aggregation='sum_then_normalize' only.")
         if args.use_vllm:
-            raise ValueError("use_vllm is not supported by VLMGRPOTrainer yet; generate with transformers instead.")
+            raise ValueError(
+                "use_vllm is not supported by VLMGRPOTrainer yet; generate with transformers instead."
+            )
         module = get_vlm_module(model, trust_remote_code=args.trust_remote_code)
 
         model_path = model if isinstance(model, str) else None
@@ -89,7 +102,9 @@ class VLMGRPOTrainer(GRPOTrainer):
             init_kwargs = dict(args.model_init_kwargs or {})
             if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED"):
                 init_kwargs["device_map"] = None
-            init_kwargs = module.model_init_kwargs(**{**init_kwargs, "trust_remote_code": args.trust_remote_code})
+            init_kwargs = module.model_init_kwargs(
+                **{**init_kwargs, "trust_remote_code": args.trust_remote_code}
+            )
             model = module.load_model(model_path, **init_kwargs)
         if processing_class is None:
             source = model_path or model.config._name_or_path
@@ -111,8 +126,9 @@ class VLMGRPOTrainer(GRPOTrainer):
         if isinstance(peft_config, LoraConfig):
             peft_config = resolve_lora_config(peft_config, model, module)
 
-        beta, sync_ref = args.beta, args.sync_ref_model
-        args.beta, args.sync_ref_model = 0.0, False  # keep TRL from building its own reference model
+        # TRL must neither build its own reference model nor re-read the load kwargs of a model already loaded.
+        saved = args.beta, args.sync_ref_model, args.model_init_kwargs
+        args.beta, args.sync_ref_model, args.model_init_kwargs = 0.0, False, None
         try:
             super().__init__(
                 model=model,
@@ -126,8 +142,8 @@ class VLMGRPOTrainer(GRPOTrainer):
                 peft_config=peft_config,
             )
         finally:
-            args.beta, args.sync_ref_model = beta, sync_ref
-        self.beta = beta
+            args.beta, args.sync_ref_model, args.model_init_kwargs = saved
+        self.beta = args.beta
         self.vlm_module: VLMModule = module
         self._active_mm_inputs: Sequence[dict[str, torch.Tensor]] | None = None
         if self.tools or self.environment_factories is not None or self.rollout_func is not None:
@@ -138,14 +154,20 @@ class VLMGRPOTrainer(GRPOTrainer):
         self.eos_token_ids = module.eos_token_ids(processing_class, unwrapped)
         self.placeholder_token_ids = module.placeholder_token_ids(processing_class, unwrapped.config)
         if not self.use_vllm:
-            self.generation_kwargs.update(eos_token_id=self.eos_token_ids, suppress_tokens=self.placeholder_token_ids)
+            self.generation_kwargs.update(
+                eos_token_id=self.eos_token_ids, suppress_tokens=self.placeholder_token_ids
+            )
             self.generation_config.eos_token_id = self.eos_token_ids
             self.generation_config.suppress_tokens = self.placeholder_token_ids
 
         if needs_ref:
-            self.ref_model = self._build_reference_model(ref_model, model_path, module, init_kwargs if model_path else {})
-            if sync_ref:
-                self.add_callback(SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator))
+            self.ref_model = self._build_reference_model(
+                ref_model, model_path, module, init_kwargs if model_path else {}
+            )
+            if args.sync_ref_model:
+                self.add_callback(
+                    SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator)
+                )
 
     # ------------------------------------------------------------------------------------------- reference
     def _build_reference_model(
@@ -157,25 +179,38 @@ class VLMGRPOTrainer(GRPOTrainer):
         ref_model.requires_grad_(False)
         if self.args.disable_dropout:
             disable_dropout_in_model(ref_model)
-        add_fused_lm_head(ref_model, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        add_fused_lm_head(
+            ref_model, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32
+        )
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(ref_model, self.accelerator)
         return self.accelerator.prepare_model(ref_model, evaluation_mode=True)
 
     # ------------------------------------------------------------------------------------------- encoding
-    def _encode_prompts(self, prompts: list[list[dict]], images: list[list[Any]]) -> list[EncodedPrompt]:
-        """Chat template + processor, once per prompt; image tensors are moved to the device once."""
+    def _encode_examples(self, examples: list[dict[str, Any]]) -> list[EncodedPrompt]:
+        """Chat template + processor once per distinct prompt (the G copies of a group share one encoding).
+
+        Image tensors are moved to the device once. Returns one `EncodedPrompt` per row, copies sharing objects.
+        """
         device = self.accelerator.device
-        encoded = []
-        for prompt, prompt_images in zip(prompts, images, strict=True):
-            messages = prepare_multimodal_messages(prompt, images=prompt_images)
-            item = self.vlm_module.encode_prompt(self.processing_class, messages, prompt_images)
+        encoded: list[EncodedPrompt] = []
+        for i, example in enumerate(examples):
+            if i > 0 and _same_example(example, examples[i - 1]):
+                encoded.append(encoded[-1])
+                continue
+            images = _prompt_images(example)
+            messages = prepare_multimodal_messages(example["prompt"], images=images)
+            item = self.vlm_module.encode_prompt(self.processing_class, messages, images)
             item.mm = {k: v.to(device) for k, v in item.mm.items()}
             encoded.append(item)
         return encoded
 
     def _model_inputs(
-        self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mm_list: Sequence[dict]
+        self,
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mm_list: Sequence[dict],
     ) -> dict[str, torch.Tensor]:
         config = self.accelerator.unwrap_model(model).config
         return self.vlm_module.model_inputs(config, input_ids, attention_mask, mm_list)
@@ -201,7 +236,9 @@ class VLMGRPOTrainer(GRPOTrainer):
             output = unwrapped_model.generate(**inputs, generation_config=self.generation_config)
         completion_ids = output[:, prompt_ids.size(1) :].cpu()  # [B, C]
         is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids))
-        lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completion_ids.size(1))  # keep the eos
+        lengths = torch.where(
+            is_eos.any(1), is_eos.int().argmax(1) + 1, completion_ids.size(1)
+        )  # keep the eos
         return [row[:n].tolist() for row, n in zip(completion_ids, lengths.tolist(), strict=True)]
 
     # ----------------------------------------------------------------------------------------- log-probs
@@ -224,13 +261,17 @@ class VLMGRPOTrainer(GRPOTrainer):
         """
         stray = sorted(k for k, v in trl_multimodal_kwargs.items() if v is not None)
         if stray:
-            raise RuntimeError(f"Unexpected flat multimodal inputs {stray}: VLMGRPOTrainer keeps them per sample.")
+            raise RuntimeError(
+                f"Unexpected flat multimodal inputs {stray}: VLMGRPOTrainer keeps them per sample."
+            )
         mm_inputs = self._active_mm_inputs if mm_inputs is None else mm_inputs
         batch_size = batch_size or input_ids.size(0)
         all_logps, all_entropies, all_aux = [], [], []
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
-            inputs = self._model_inputs(model, input_ids[start:end], attention_mask[start:end], mm_inputs[start:end])
+            inputs = self._model_inputs(
+                model, input_ids[start:end], attention_mask[start:end], mm_inputs[start:end]
+            )
             if compute_aux_loss:
                 inputs["output_router_logits"] = True
             labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)  # [b, P+C]
@@ -273,7 +314,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
         prompts = [x["prompt"] for x in inputs]
-        encoded = self._encode_prompts(prompts, [_prompt_images(x) for x in inputs])
+        encoded = self._encode_examples(inputs)
         prompt_ids_list = [e.input_ids for e in encoded]
         mm_list = [e.mm for e in encoded]
 
@@ -284,31 +325,48 @@ class VLMGRPOTrainer(GRPOTrainer):
 
         pad_id = self._tokenizer.pad_token_id
         prompt_ids = pad([torch.tensor(ids) for ids in prompt_ids_list], pad_id, "left").to(device)  # [B, P]
-        prompt_mask = pad([torch.ones(len(ids), dtype=torch.long) for ids in prompt_ids_list], 0, "left").to(device)
-        completion_ids = pad([torch.tensor(ids) for ids in completion_ids_list], pad_id, "right").to(device)  # [B, C]
-        completion_mask = pad([torch.ones(len(ids), dtype=torch.long) for ids in completion_ids_list], 0, "right")
+        prompt_mask = pad([torch.ones(len(ids), dtype=torch.long) for ids in prompt_ids_list], 0, "left").to(
+            device
+        )
+        completion_ids = pad([torch.tensor(ids) for ids in completion_ids_list], pad_id, "right").to(
+            device
+        )  # [B, C]
+        completion_mask = pad(
+            [torch.ones(len(ids), dtype=torch.long) for ids in completion_ids_list], 0, "right"
+        )
         completion_mask = completion_mask.to(device)
         if self.mask_truncated_completions:
-            truncated = torch.tensor([not ids or ids[-1] not in self.eos_token_ids for ids in completion_ids_list])
+            truncated = torch.tensor(
+                [not ids or ids[-1] not in self.eos_token_ids for ids in completion_ids_list]
+            )
             completion_mask = completion_mask * (~truncated).to(device).unsqueeze(1).int()
         num_items_in_batch = self.accelerator.gather(completion_mask.sum()).sum()
 
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P+C]
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # [B, P+C]
         logits_to_keep = completion_ids.size(1)
-        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        batch_size = (
+            self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        )
 
         old_logps = ref_logps = None
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        with (
+            torch.no_grad(),
+            disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+        ):
             generate_every = self.args.steps_per_generation * self.num_iterations
             if self.args.gradient_accumulation_steps % generate_every != 0:
                 old_logps = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention_mask, logits_to_keep, batch_size, mm_inputs=mm_list
                 )[0]  # [B, C]
             if self.beta != 0.0:
-                ref_logps = self._reference_logps(input_ids, attention_mask, logits_to_keep, batch_size, mm_list)
+                ref_logps = self._reference_logps(
+                    input_ids, attention_mask, logits_to_keep, batch_size, mm_list
+                )
 
-        rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # [N, F]
+        rewards_per_func = self._calculate_rewards(
+            inputs, prompts, completions, completion_ids_list
+        )  # [N, F]
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         advantages, rewards, is_std_zero = group_advantages(
             rewards_per_func, self.reward_weights, num_generations, self.scale_rewards
@@ -339,12 +397,16 @@ class VLMGRPOTrainer(GRPOTrainer):
         return output
 
     # ------------------------------------------------------------------------------------------- metrics
-    def _log_lengths(self, mode: str, prompt_ids_list: list[list[int]], completion_ids_list: list[list[int]]) -> None:
+    def _log_lengths(
+        self, mode: str, prompt_ids_list: list[list[int]], completion_ids_list: list[list[int]]
+    ) -> None:
         device = self.accelerator.device
         prompt_lengths = gather(torch.tensor([len(i) for i in prompt_ids_list], device=device))
         lengths = gather(torch.tensor([len(i) for i in completion_ids_list], device=device)).float()
         truncated = gather(
-            torch.tensor([not i or i[-1] not in self.eos_token_ids for i in completion_ids_list], device=device)
+            torch.tensor(
+                [not i or i[-1] not in self.eos_token_ids for i in completion_ids_list], device=device
+            )
         )
         if mode == "train":
             self.state.num_input_tokens_seen += int(prompt_lengths.sum().item() + lengths.sum().item())
@@ -363,4 +425,3 @@ class VLMGRPOTrainer(GRPOTrainer):
         metrics["reward"].append(torch.nanmean(rewards).item())
         metrics["reward_std"].append(nanstd(rewards).item())
         metrics["frac_reward_zero_std"].append(is_std_zero.float().mean().item())
-

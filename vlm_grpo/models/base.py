@@ -115,9 +115,13 @@ class VLMModule:
             max_tiles (`int | None`): most tiles per image (families that tile).
             trust_remote_code (`bool`, defaults to False): allow code from the checkpoint to run.
         """
-        processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, padding_side="left")
+        processor = AutoProcessor.from_pretrained(
+            path, trust_remote_code=trust_remote_code, padding_side="left"
+        )
         processor.tokenizer.padding_side = "left"
-        self.configure_image_size(processor, min_pixels=min_pixels, max_pixels=max_pixels, max_tiles=max_tiles)
+        self.configure_image_size(
+            processor, min_pixels=min_pixels, max_pixels=max_pixels, max_tiles=max_tiles
+        )
         return processor
 
     def configure_image_size(
@@ -128,8 +132,11 @@ class VLMModule:
         max_tiles: int | None = None,
     ) -> None:
         """Apply image-size limits to `processor` in place. The base family has none and rejects them."""
-        given = {k: v for k, v in dict(min_pixels=min_pixels, max_pixels=max_pixels, max_tiles=max_tiles).items()
-                 if v is not None}
+        given = {
+            k: v
+            for k, v in dict(min_pixels=min_pixels, max_pixels=max_pixels, max_tiles=max_tiles).items()
+            if v is not None
+        }
         if given:
             raise ValueError(
                 f"{type(self).__name__} has no image-size knob {sorted(given)}; remove it from the config."
@@ -172,7 +179,11 @@ class VLMModule:
         text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         images = list(images) if images else []
         num_placeholders = sum(
-            1 for m in messages if isinstance(m["content"], list) for part in m["content"] if part["type"] == "image"
+            1
+            for m in messages
+            if isinstance(m["content"], list)
+            for part in m["content"]
+            if part["type"] == "image"
         )
         if num_placeholders != len(images):
             raise ValueError(

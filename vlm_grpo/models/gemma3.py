@@ -21,7 +21,11 @@ class Gemma3Module(VLMModule):
     model_types: ClassVar[tuple[str, ...]] = ("gemma3",)
     vision_module_names: ClassVar[tuple[str, ...]] = ("vision_tower", "multi_modal_projector")
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
-    placeholder_config_attrs: ClassVar[tuple[str, ...]] = ("image_token_index", "boi_token_index", "eoi_token_index")
+    placeholder_config_attrs: ClassVar[tuple[str, ...]] = (
+        "image_token_index",
+        "boi_token_index",
+        "eoi_token_index",
+    )
     placeholder_processor_attrs: ClassVar[tuple[str, ...]] = ("image_token", "boi_token", "eoi_token")
 
     def model_class(self) -> type:
@@ -36,7 +40,9 @@ class Gemma3Module(VLMModule):
         max_tiles: int | None = None,
     ) -> None:
         """Gemma 3 resizes every image to one fixed size: no knob applies, and setting one is an error."""
-        super().configure_image_size(processor, min_pixels=min_pixels, max_pixels=max_pixels, max_tiles=max_tiles)
+        super().configure_image_size(
+            processor, min_pixels=min_pixels, max_pixels=max_pixels, max_tiles=max_tiles
+        )
 
     def token_type_inputs(self, input_ids: torch.Tensor, model_config: Any) -> dict[str, torch.Tensor]:
         """`token_type_ids` `[B, L]`: 1 on image soft tokens (bidirectional attention among them), 0 elsewhere."""

@@ -1,0 +1,5 @@
+"""`python -m vlm_grpo COMMAND ...` is the same as `vlm-grpo COMMAND ...`."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,40 @@
+"""`vlm-grpo`: one command, several subcommands; each forwards its arguments to its module's `main`.
+
+vlm-grpo train CONFIG.yaml [--field value ...]    train (same as python -m vlm_grpo.train)
+vlm-grpo eval --model PATH --data DATA.yaml      evaluate, write a JSON report
+vlm-grpo demo [--output_dir DIR]                 a tiny VLM learns a task on CPU, end to end
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+
+COMMANDS = {
+    "train": ("vlm_grpo.train", "train with GRPO from a YAML config"),
+    "eval": ("vlm_grpo.evaluate", "evaluate a model on a data config"),
+    "demo": ("vlm_grpo.demo", "train a tiny VLM on a synthetic task and evaluate it"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: vlm-grpo COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Dispatch `vlm-grpo COMMAND ...` to the command's module."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"vlm-grpo: unknown command {command!r}\n{usage()}", file=sys.stderr)
+        raise SystemExit(2)
+    import_module(COMMANDS[command][0]).main(rest)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""The reward registry: built-in rewards by name, user rewards by dotted path, and YAML reward specs."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .accuracy import accuracy
+from .choice import choice_accuracy
+from .formatting import format_reward
+from .grounding import iou, rec_format
+from .mathematics import geo3k, math_accuracy
+
+RewardFunc = Callable[..., list[float | None]]
+
+REWARDS: dict[str, RewardFunc] = {
+    "format": format_reward,
+    "rec_format": rec_format,
+    "iou": iou,
+    "choice_accuracy": choice_accuracy,
+    "math_accuracy": math_accuracy,
+    "geo3k": geo3k,
+    "accuracy": accuracy,
+}
+"""Built-in rewards by name. Each is called as TRL calls rewards: ``fn(completions, solution, **kwargs)``."""
+
+
+class NamedReward:
+    """A reward function with bound options and the name TRL logs it under.
+
+    TRL logs each reward's metrics under ``reward_func.__name__`` (``rewards/<name>/mean``); this wrapper
+    carries that name as an attribute. It is picklable when the wrapped function is (module-level functions
+    are). Bound options take precedence over keyword arguments of the same name given at call time.
+
+    Args:
+        func (Callable): the reward function.
+        name (str): the name to log under (``__name__``).
+        options (Mapping[str, Any] | None): keyword arguments bound to every call. Default ``None``.
+    """
+
+    def __init__(self, func: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None) -> None:
+        self.func = func
+        self.__name__ = name
+        self.__qualname__ = name
+        self.__doc__ = getattr(func, "__doc__", None)
+        self.options = dict(options or {})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **{**kwargs, **self.options})
+
+    def __repr__(self) -> str:
+        options = "".join(f", {k}={v!r}" for k, v in self.options.items())
+        return f"NamedReward({self.__name__!r}{options})"
+
+
+class AsyncNamedReward(NamedReward):
+    """:class:`NamedReward` for an ``async`` reward function; TRL awaits it (it checks ``__call__``)."""
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.func(*args, **{**kwargs, **self.options})
+
+
+def _is_async(func: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+
+
+def _import_reward(path: str) -> tuple[Callable[..., Any], str]:
+    """Import ``package.module.attr`` and return the callable and its name."""
+    module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"Reward {path!r} is not a dotted path 'package.module.function'.")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only the module of the path itself (or a parent package) being absent is the user's path error;
+        # a missing dependency inside the user's module is re-raised as is.
+        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise
+        raise ValueError(
+            f"Reward {path!r}: cannot import module {module_name!r} ({exc}). Check the spelling and that the "
+            "module is importable (installed, or its folder on PYTHONPATH)."
+        ) from exc
+    try:
+        func = getattr(module, attr)
+    except AttributeError:
+        raise ValueError(
+            f"Reward {path!r}: module {module_name!r} has no attribute {attr!r}. Check the function name."
+        ) from None
+    if not callable(func):
+        raise ValueError(
+            f"Reward {path!r}: {attr!r} in {module_name!r} is a {type(func).__name__}, not a callable. "
+            "Point to a function fn(completions, **kwargs) -> list[float | None]."
+        )
+    name = getattr(func, "__name__", None) or attr
+    return func, name
+
+
+def get_reward(name: str, **kwargs: Any) -> NamedReward:
+    """Return the reward called ``name``, with ``kwargs`` bound as its options.
+
+    Args:
+        name (str): a key of :data:`REWARDS` (``format``, ``rec_format``, ``iou``, ``choice_accuracy``,
+            ``math_accuracy``, ``geo3k``, ``accuracy``), or a dotted path ``package.module.function`` to a
+            user reward, imported with :mod:`importlib`.
+        **kwargs (Any): options bound to every call, e.g. ``coords="norm1000"`` for ``iou``.
+
+    Returns:
+        NamedReward: a callable ``fn(completions, solution, **kwargs)`` whose ``__name__`` is ``name`` for a
+        built-in and the function's own ``__name__`` for a dotted path. An ``async`` user function gives an
+        :class:`AsyncNamedReward`.
+
+    Raises:
+        ValueError: an unknown name without a dot (the message lists the built-in names), or a dotted path
+            whose module or attribute is missing or is not callable.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(
+            f"Reward name must be a non-empty string, got {name!r}. Built-in rewards: {_builtins()}."
+        )
+    name = name.strip()
+    if name in REWARDS:
+        return NamedReward(REWARDS[name], name, kwargs)
+    if "." not in name:
+        raise ValueError(
+            f"Unknown reward {name!r}. Built-in rewards: {_builtins()}; "
+            "or give a dotted path 'package.module.function' to your own reward."
+        )
+    func, func_name = _import_reward(name)
+    wrapper = AsyncNamedReward if _is_async(func) else NamedReward
+    return wrapper(func, func_name, kwargs)
+
+
+def _builtins() -> str:
+    return ", ".join(REWARDS)
+
+
+def build_rewards(specs: Iterable[str | Mapping[str, Any]] | None) -> tuple[list[NamedReward], list[float]]:
+    """Build TRL's ``reward_funcs`` and ``reward_weights`` from the YAML list of reward specs.
+
+    Each spec is either a name (weight 1.0) or a mapping with ``name``, an optional ``weight`` (a number,
+    default 1.0) and any other keys, which are bound as options of the reward::
+
+        rewards:
+          - {name: iou, weight: 1.0, coords: norm1000}
+          - {name: rec_format, weight: 0.5}
+          - {name: my_pkg.rewards.length_penalty}
+          - format
+
+    When two specs give the same logged name (``iou`` twice with different options), the later ones are
+    logged as ``iou_2``, ``iou_3``, ... so that their metrics stay apart.
+
+    Args:
+        specs (Iterable[str | Mapping[str, Any]] | None): the specs; ``None`` or empty gives no rewards.
+
+    Returns:
+        tuple[list[NamedReward], list[float]]: the reward callables and their weights, in spec order.
+
+    Raises:
+        ValueError: a spec that is neither a string nor a mapping, a mapping without ``name``, a weight that
+            is not a number, or a name :func:`get_reward` rejects.
+    """
+    if specs is None:
+        return [], []
+    if isinstance(specs, (str, Mapping)):
+        raise ValueError(
+            f"Reward specs must be a list of names or mappings, got {type(specs).__name__}: {specs!r}."
+        )
+    funcs: list[NamedReward] = []
+    weights: list[float] = []
+    taken: set[str] = set()
+    for position, spec in enumerate(specs):
+        if isinstance(spec, str):
+            name, weight, options = spec, 1.0, {}
+        elif isinstance(spec, Mapping):
+            if "name" not in spec:
+                raise ValueError(
+                    f"Reward spec #{position} {dict(spec)!r} has no 'name'; write e.g. {{name: iou, weight: 1.0}}."
+                )
+            options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
+            name, weight = spec["name"], spec.get("weight", 1.0)
+            if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+                raise ValueError(
+                    f"Reward spec #{position} ({name}): weight must be a finite number, got {type(weight).__name__} {weight!r}."
+                )
+        else:
+            raise ValueError(
+                f"Reward spec #{position} must be a name or a mapping with 'name', got {type(spec).__name__}: {spec!r}."
+            )
+        reward = get_reward(name, **options)
+        logged, count = reward.__name__, 1
+        while logged in taken:
+            count += 1
+            logged = f"{reward.__name__}_{count}"
+        taken.add(logged)
+        reward.__name__ = reward.__qualname__ = logged
+        funcs.append(reward)
+        weights.append(float(weight))
+    return funcs, weights

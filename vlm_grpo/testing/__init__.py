@@ -1,0 +1,75 @@
+"""Tiny, randomly initialised vision-language models built fully offline, for tests.
+
+``build_tiny_model(family, out_dir)`` writes a directory that ``AutoModelForImageTextToText.from_pretrained``
+and ``AutoProcessor.from_pretrained`` load: float32 weights (deterministic from ``seed``), a word-level
+tokenizer (see ``DEFAULT_WORDS``), the family's image (and video) processor with small image sizes, a chat
+template with the family's layout, and a ``generation_config.json`` whose ``eos_token_id`` starts with the
+chat turn end (``<|im_end|>`` for Qwen and InternVL, ``<end_of_turn>`` for Gemma 3).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from ._common import DEFAULT_WORDS, ROLE_WORDS, TAG_TOKENS, UNK_TOKEN
+from .gemma3 import build_gemma3
+from .internvl import build_internvl
+from .qwen import build_qwen
+
+TINY_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
+"""Families ``build_tiny_model`` supports; each is also the ``model_type`` of the saved config."""
+
+__all__ = ["DEFAULT_WORDS", "ROLE_WORDS", "TAG_TOKENS", "TINY_FAMILIES", "UNK_TOKEN", "build_tiny_model"]
+
+
+def build_tiny_model(
+    family: str,
+    out_dir: str | os.PathLike,
+    *,
+    words: Sequence[str] | None = None,
+    base_words: Sequence[str] = DEFAULT_WORDS,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    image_size: int = 56,
+) -> str:
+    """Build a tiny random model of ``family`` with tokenizer and processor, and save it to ``out_dir``.
+
+    Args:
+        family (`str`): one of ``TINY_FAMILIES``: ``"qwen2_vl"``, ``"qwen2_5_vl"``, ``"qwen3_vl"``,
+            ``"internvl"``, ``"gemma3"``.
+        out_dir (`str | os.PathLike`): directory to write (created if missing, files overwritten).
+        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words (no whitespace),
+            added after ``base_words``; duplicates are ignored.
+        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): the vocabulary before ``words``. Pass
+            ``ROLE_WORDS`` to get only the chat roles plus ``words`` (a small vocabulary learns faster).
+        seed (`int`, *optional*, defaults to 0): seed of the random weights; the caller's torch RNG state is
+            left untouched.
+        hidden_size (`int`, *optional*, defaults to 64): text hidden size, a multiple of 8 (4 attention
+            heads, 2 KV heads); vision towers are 32 wide with 2 heads.
+        num_hidden_layers (`int`, *optional*, defaults to 2): depth of both the text and the vision tower.
+        image_size (`int`, *optional*, defaults to 56): target image side in pixels. A square image of this
+            size gives 4 image tokens at the default for every family (Qwen3-VL rounds 56 up to 64).
+
+    Returns:
+        `str`: ``str(out_dir)``.
+
+    Raises:
+        `ValueError`: unknown ``family``, or sizes the architectures cannot take.
+    """
+    kwargs = {
+        "words": words,
+        "base_words": base_words,
+        "seed": seed,
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_hidden_layers,
+        "image_size": image_size,
+    }
+    if family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        return build_qwen(family, out_dir, **kwargs)
+    if family == "internvl":
+        return build_internvl(out_dir, **kwargs)
+    if family == "gemma3":
+        return build_gemma3(out_dir, **kwargs)
+    raise ValueError(f"unknown tiny model family {family!r}; supported: {', '.join(TINY_FAMILIES)}")

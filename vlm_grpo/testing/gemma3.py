@@ -1,0 +1,181 @@
+"""Tiny Gemma 3 (SigLIP vision tower + Gemma 3 text tower) with a word-level tokenizer, built offline."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
+
+from ._common import (
+    DEFAULT_WORDS,
+    TokenizerSpec,
+    build_word_tokenizer,
+    check_sizes,
+    round_to_multiple,
+    save_all,
+    seeded,
+    token_id,
+)
+
+# Gemma 3 chat layout:
+#   <bos><start_of_turn>user\n{system}\n\n{content}<end_of_turn>\n<start_of_turn>model\n{content}<end_of_turn>\n
+#   ... [<start_of_turn>model\n]
+# A system message is folded into the first turn; "assistant" is spelled "model"; text is trimmed; each image
+# part is "<start_of_image>", which Gemma3Processor expands to
+# "\n\n<start_of_image>" + "<image_soft_token>" * image_seq_length + "<end_of_image>\n\n".
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ '<bos>' }}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}"
+    "{%- set system_text = messages[0]['content'] -%}"
+    "{%- else -%}"
+    "{%- set system_text = messages[0]['content'] | selectattr('type', 'equalto', 'text')"
+    " | map(attribute='text') | join(' ') -%}"
+    "{%- endif -%}"
+    "{%- set first_prefix = system_text | trim + '\\n\\n' -%}"
+    "{%- set turns = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_prefix = '' -%}"
+    "{%- set turns = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in turns -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] | trim }}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{{ '<start_of_image>' }}"
+    "{%- elif 'text' in part -%}"
+    "{{ part['text'] | trim }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{ '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{ '<start_of_turn>model\\n' }}"
+    "{%- endif -%}"
+)
+
+# Order gives the real low ids: <pad>=0, <eos>=1, <bos>=2.
+GEMMA3_SPECIAL_TOKENS = [
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+]
+
+GEMMA3_NAMED_TOKENS = {
+    "pad_token": "<pad>",
+    "eos_token": "<eos>",
+    "bos_token": "<bos>",
+    # names read by Gemma3Processor
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+
+PATCH_SIZE = 14
+VISION_WIDTH = 32
+VISION_HEADS = 2
+
+
+def build_gemma3(
+    out_dir: str | os.PathLike,
+    *,
+    words: Sequence[str] | None = None,
+    base_words: Sequence[str] = DEFAULT_WORDS,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    image_size: int = 56,
+) -> str:
+    """Build and save a tiny ``gemma3`` model with its processor.
+
+    Args:
+        out_dir (`str | os.PathLike`): output directory.
+        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
+        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
+        seed (`int`, *optional*, defaults to 0): seed of the random weights.
+        hidden_size (`int`, *optional*, defaults to 64): text hidden size (4 heads, 2 KV heads).
+        num_hidden_layers (`int`, *optional*, defaults to 2): text and vision depth; the last text layer
+            uses full attention, the others sliding-window attention (window 4096, wider than any test prompt).
+        image_size (`int`, *optional*, defaults to 56): SigLIP input size, rounded to a multiple of
+            ``2 * patch_size`` (28); every image is resized to it and gives ``(image_size / 28) ** 2`` tokens
+            (4 at 56) after the 2x2 average pooling of the projector.
+
+    Returns:
+        `str`: ``str(out_dir)``.
+    """
+    head_dim = check_sizes(hidden_size, num_hidden_layers)
+    side = round_to_multiple(image_size, 2 * PATCH_SIZE)
+    mm_tokens_per_image = (side // (2 * PATCH_SIZE)) ** 2
+
+    tokenizer = build_word_tokenizer(
+        TokenizerSpec(GEMMA3_SPECIAL_TOKENS, dict(GEMMA3_NAMED_TOKENS)),
+        words,
+        GEMMA3_CHAT_TEMPLATE,
+        base_words,
+    )
+    ids = {tok: token_id(tokenizer, tok) for tok in GEMMA3_SPECIAL_TOKENS}
+    pad_id, eos_id, bos_id, eot_id = ids["<pad>"], ids["<eos>"], ids["<bos>"], ids["<end_of_turn>"]
+
+    image_processor = Gemma3ImageProcessor(size={"height": side, "width": side}, do_pan_and_scan=False)
+    processor = Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        image_seq_length=mm_tokens_per_image,
+    )
+
+    layer_types = ["sliding_attention"] * (num_hidden_layers - 1) + ["full_attention"]
+    config = Gemma3Config(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": hidden_size,
+            "intermediate_size": 2 * hidden_size,
+            "num_hidden_layers": num_hidden_layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": head_dim,
+            "query_pre_attn_scalar": head_dim,
+            "max_position_embeddings": 4096,
+            "sliding_window": 4096,
+            "layer_types": layer_types,
+            "pad_token_id": pad_id,
+            "eos_token_id": [eos_id, eot_id],
+            "bos_token_id": bos_id,
+        },
+        vision_config={
+            "model_type": "siglip_vision_model",
+            "hidden_size": VISION_WIDTH,
+            "intermediate_size": 2 * VISION_WIDTH,
+            "num_hidden_layers": num_hidden_layers,
+            "num_attention_heads": VISION_HEADS,
+            "image_size": side,
+            "patch_size": PATCH_SIZE,
+            "vision_use_head": False,
+        },
+        mm_tokens_per_image=mm_tokens_per_image,
+        boi_token_index=ids["<start_of_image>"],
+        eoi_token_index=ids["<end_of_image>"],
+        image_token_index=ids["<image_soft_token>"],
+        tie_word_embeddings=True,
+    )
+    with seeded(seed):
+        model = Gemma3ForConditionalGeneration(config).float().eval()
+        # Gemma 3 initialises the vision->text projection to zeros, which would cut the vision tower
+        # off from the loss; give it small random values instead.
+        with torch.no_grad():
+            model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.02)
+    return save_all(
+        out_dir, model, processor, eos_token_ids=[eot_id, eos_id], pad_token_id=pad_id, bos_token_id=bos_id
+    )

@@ -1,0 +1,167 @@
+"""Tiny InternVL (transformers-native ``internvl``, Qwen2 text tower) with a word-level tokenizer, built offline."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from transformers import (
+    GotOcr2ImageProcessor,
+    InternVLConfig,
+    InternVLForConditionalGeneration,
+    InternVLProcessor,
+    InternVLVideoProcessor,
+)
+
+from ._common import (
+    DEFAULT_WORDS,
+    TokenizerSpec,
+    build_word_tokenizer,
+    check_sizes,
+    round_to_multiple,
+    save_all,
+    seeded,
+    token_id,
+)
+
+# Qwen chat layout; each image part is rendered as "<IMG_CONTEXT>\n", which InternVLProcessor expands to
+# "<img>" + "<IMG_CONTEXT>" * (image_seq_length * num_patches) + "</img>"; a video part is "<video>\n".
+INTERNVL_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] }}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{{ '<IMG_CONTEXT>\\n' }}"
+    "{%- elif part['type'] == 'video' or 'video' in part -%}"
+    "{{ '<video>\\n' }}"
+    "{%- elif 'text' in part -%}"
+    "{{ part['text'] }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{ '<|im_start|>assistant\\n' }}"
+    "{%- endif -%}"
+)
+
+INTERNVL_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<img>",
+    "</img>",
+    "<IMG_CONTEXT>",
+    "<video>",
+]
+
+INTERNVL_NAMED_TOKENS = {
+    "eos_token": "<|im_end|>",
+    "pad_token": "<|endoftext|>",
+    # names read by InternVLProcessor
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+
+PATCH_SIZE = 14
+DOWNSAMPLE_RATIO = 0.5
+VISION_WIDTH = 32
+VISION_HEADS = 2
+
+
+def build_internvl(
+    out_dir: str | os.PathLike,
+    *,
+    words: Sequence[str] | None = None,
+    base_words: Sequence[str] = DEFAULT_WORDS,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    image_size: int = 56,
+) -> str:
+    """Build and save a tiny ``internvl`` model with its processor.
+
+    Args:
+        out_dir (`str | os.PathLike`): output directory.
+        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
+        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
+        seed (`int`, *optional*, defaults to 0): seed of the random weights.
+        hidden_size (`int`, *optional*, defaults to 64): text hidden size (4 heads, 2 KV heads).
+        num_hidden_layers (`int`, *optional*, defaults to 2): text and vision depth.
+        image_size (`int`, *optional*, defaults to 56): tile size of the vision tower, rounded to a multiple of
+            ``2 * patch_size`` (28); each tile gives ``(image_size / 14) ** 2 / 4`` tokens (4 at 56). Images are
+            cut into at most 2 tiles, plus a thumbnail tile whenever there is more than one.
+
+    Returns:
+        `str`: ``str(out_dir)``.
+    """
+    check_sizes(hidden_size, num_hidden_layers)
+    side = round_to_multiple(image_size, int(PATCH_SIZE / DOWNSAMPLE_RATIO))
+    image_seq_length = int((side // PATCH_SIZE) ** 2 * DOWNSAMPLE_RATIO**2)
+
+    tokenizer = build_word_tokenizer(
+        TokenizerSpec(INTERNVL_SPECIAL_TOKENS, dict(INTERNVL_NAMED_TOKENS)),
+        words,
+        INTERNVL_CHAT_TEMPLATE,
+        base_words,
+    )
+    ids = {tok: token_id(tokenizer, tok) for tok in INTERNVL_SPECIAL_TOKENS}
+    pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
+
+    image_processor = GotOcr2ImageProcessor(
+        size={"height": side, "width": side}, crop_to_patches=True, min_patches=1, max_patches=2
+    )
+    video_processor = InternVLVideoProcessor(size={"height": side, "width": side})
+    processor = InternVLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        image_seq_length=image_seq_length,
+        chat_template=INTERNVL_CHAT_TEMPLATE,
+    )
+
+    config = InternVLConfig(
+        vision_config={
+            "hidden_size": VISION_WIDTH,
+            "intermediate_size": 2 * VISION_WIDTH,
+            "num_hidden_layers": num_hidden_layers,
+            "num_attention_heads": VISION_HEADS,
+            "attention_bias": True,
+            "image_size": side,
+            "patch_size": PATCH_SIZE,
+            "use_mean_pooling": True,
+        },
+        text_config={
+            "model_type": "qwen2",
+            "vocab_size": len(tokenizer),
+            "hidden_size": hidden_size,
+            "intermediate_size": 2 * hidden_size,
+            "num_hidden_layers": num_hidden_layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 4096,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "bos_token_id": pad_id,
+            "eos_token_id": eos_id,
+            "pad_token_id": pad_id,
+            "tie_word_embeddings": False,
+        },
+        image_token_id=ids["<IMG_CONTEXT>"],
+        image_seq_length=image_seq_length,
+        downsample_ratio=DOWNSAMPLE_RATIO,
+        projector_hidden_act="gelu",
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=False,
+    )
+    with seeded(seed):
+        model = InternVLForConditionalGeneration(config).float().eval()
+    return save_all(
+        out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
+    )

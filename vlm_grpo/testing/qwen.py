@@ -1,0 +1,239 @@
+"""Tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL models with a word-level tokenizer, built offline."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import (
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen2VLImageProcessor,
+    Qwen2VLProcessor,
+    Qwen2VLVideoProcessor,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
+)
+
+from ._common import (
+    DEFAULT_WORDS,
+    TokenizerSpec,
+    build_word_tokenizer,
+    check_sizes,
+    round_to_multiple,
+    save_all,
+    seeded,
+    token_id,
+)
+
+# Layout of the Qwen chat format:
+#   <|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]
+# with each image part rendered as <|vision_start|><|image_pad|><|vision_end|> (the processor then repeats
+# <|image_pad|> once per merged visual token) and each video part with <|video_pad|>.
+QWEN_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] }}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'video' or 'video' in part -%}"
+    "{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- elif 'text' in part -%}"
+    "{{ part['text'] }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{ '<|im_start|>assistant\\n' }}"
+    "{%- endif -%}"
+)
+
+QWEN_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+QWEN_NAMED_TOKENS = {
+    "eos_token": "<|im_end|>",
+    "pad_token": "<|endoftext|>",
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "vision_start_token": "<|vision_start|>",
+    "vision_end_token": "<|vision_end|>",
+}
+
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+VISION_WIDTH = 32
+VISION_HEADS = 2
+
+
+def _mrope_section(head_dim: int, interleaved: bool) -> list[int]:
+    """Split of the rotary half-dimension into (temporal, height, width) sections; sums to head_dim // 2.
+
+    Args:
+        head_dim (`int`): attention head dimension.
+        interleaved (`bool`): Qwen3-VL interleaved layout (height/width take every third frequency, so each
+            gets at most a third of the half-dimension); otherwise the Qwen2-VL 2:3:3 split.
+    """
+    half = head_dim // 2
+    hw = half // 4 if interleaved else (half * 3) // 8
+    return [half - 2 * hw, hw, hw]
+
+
+def build_qwen(
+    family: str,
+    out_dir: str | os.PathLike,
+    *,
+    words: Sequence[str] | None = None,
+    base_words: Sequence[str] = DEFAULT_WORDS,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    image_size: int = 56,
+) -> str:
+    """Build and save a tiny ``qwen2_vl``, ``qwen2_5_vl`` or ``qwen3_vl`` model with its processor.
+
+    Args:
+        family (`str`): ``"qwen2_vl"``, ``"qwen2_5_vl"`` or ``"qwen3_vl"``.
+        out_dir (`str | os.PathLike`): output directory.
+        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
+        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
+        seed (`int`, *optional*, defaults to 0): seed of the random weights.
+        hidden_size (`int`, *optional*, defaults to 64): text hidden size (4 heads, 2 KV heads).
+        num_hidden_layers (`int`, *optional*, defaults to 2): text and vision depth.
+        image_size (`int`, *optional*, defaults to 56): images are resized to at most about
+            ``image_size**2`` pixels (rounded to a multiple of ``patch_size * 2``), so a square image of this
+            size gives 4 visual tokens at the defaults (patch 14 for Qwen2/2.5, 16 for Qwen3, where 56 -> 64).
+
+    Returns:
+        `str`: ``str(out_dir)``.
+    """
+    head_dim = check_sizes(hidden_size, num_hidden_layers, NUM_HEADS)
+    is_qwen3 = family == "qwen3_vl"
+    patch_size, merge_size, temporal_patch_size = (16 if is_qwen3 else 14), 2, 2
+    factor = patch_size * merge_size
+    side = round_to_multiple(image_size, factor)
+
+    tokenizer = build_word_tokenizer(
+        TokenizerSpec(QWEN_SPECIAL_TOKENS, dict(QWEN_NAMED_TOKENS)), words, QWEN_CHAT_TEMPLATE, base_words
+    )
+    ids = {tok: token_id(tokenizer, tok) for tok in QWEN_SPECIAL_TOKENS}
+    pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
+
+    # Image budget: from one merged token (factor**2 pixels) up to side**2 pixels.
+    image_kwargs: dict[str, Any] = {
+        "size": {"shortest_edge": factor * factor, "longest_edge": side * side},
+        "patch_size": patch_size,
+        "temporal_patch_size": temporal_patch_size,
+        "merge_size": merge_size,
+    }
+    # Video budget: about 8 such frames in all, with the per-frame cap of qwen-vl-utils.
+    video_kwargs = dict(
+        image_kwargs,
+        size={"shortest_edge": factor * factor, "longest_edge": 8 * side * side},
+        cap_pixels_per_frame=True,
+    )
+    if is_qwen3:
+        # Qwen3-VL normalises with mean = std = 0.5.
+        image_kwargs.update(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+        video_kwargs.update(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+        video_processor = Qwen3VLVideoProcessor(**video_kwargs)
+    else:
+        video_processor = Qwen2VLVideoProcessor(**video_kwargs)
+    image_processor = Qwen2VLImageProcessor(**image_kwargs)
+    processor_cls = {
+        "qwen2_vl": Qwen2VLProcessor,
+        "qwen2_5_vl": Qwen2_5_VLProcessor,
+        "qwen3_vl": Qwen3VLProcessor,
+    }
+    processor = processor_cls[family](
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=QWEN_CHAT_TEMPLATE,
+    )
+
+    text_config: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": NUM_HEADS,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": _mrope_section(head_dim, interleaved=is_qwen3),
+        },
+        "pad_token_id": pad_id,
+    }
+    vision_config: dict[str, Any] = {
+        "depth": num_hidden_layers,
+        "num_heads": VISION_HEADS,
+        "in_channels": 3,
+        "patch_size": patch_size,
+        "spatial_merge_size": merge_size,
+        "temporal_patch_size": temporal_patch_size,
+    }
+    token_ids = {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
+    if family == "qwen2_vl":
+        text_config.update(bos_token_id=pad_id, eos_token_id=eos_id)
+        # Qwen2-VL's patch merger projects straight to `vision_config.hidden_size`, the text width.
+        vision_config.update(embed_dim=VISION_WIDTH, hidden_size=hidden_size, mlp_ratio=2)
+        config = Qwen2VLConfig(text_config=text_config, vision_config=vision_config, **token_ids)
+        model_cls: type = Qwen2VLForConditionalGeneration
+    elif family == "qwen2_5_vl":
+        text_config.update(bos_token_id=pad_id, eos_token_id=eos_id)
+        vision_config.update(
+            hidden_size=VISION_WIDTH,
+            intermediate_size=2 * VISION_WIDTH,
+            out_hidden_size=hidden_size,
+            # window attention everywhere except the last block, as in the real 7/15/23/31 pattern
+            fullatt_block_indexes=[num_hidden_layers - 1],
+            window_size=112,
+            tokens_per_second=2,
+        )
+        config = Qwen2_5_VLConfig(text_config=text_config, vision_config=vision_config, **token_ids)
+        model_cls = Qwen2_5_VLForConditionalGeneration
+    else:
+        text_config.update(head_dim=head_dim)
+        text_config["rope_parameters"]["mrope_interleaved"] = True
+        vision_config.update(
+            hidden_size=VISION_WIDTH,
+            intermediate_size=2 * VISION_WIDTH,
+            out_hidden_size=hidden_size,
+            num_position_embeddings=(side // patch_size) ** 2,
+            # deepstack: features of the early vision blocks are added to the first text layers
+            deepstack_visual_indexes=list(range(max(1, num_hidden_layers - 1))),
+        )
+        config = Qwen3VLConfig(text_config=text_config, vision_config=vision_config, **token_ids)
+        model_cls = Qwen3VLForConditionalGeneration
+
+    with seeded(seed):
+        model = model_cls(config).float().eval()
+    return save_all(
+        out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
+    )
