@@ -255,7 +255,7 @@ def test_prompt_template_with_problem_and_other_field(tmp_path):
     )
     assert user_content(ds[0]) == [
         {"type": "image"},
-        {"type": "text", "text": "Pick one. Options: ['A', 'B']. Answer in <answer></answer>."},
+        {"type": "text", "text": "Pick one. Options: A, B. Answer in <answer></answer>."},
     ]
     assert ds[0]["problem"] == "<image>Pick one."
     # a per-entry template overrides the top-level one; null disables it

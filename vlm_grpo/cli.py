@@ -14,6 +14,9 @@ COMMANDS = {
     "train": ("vlm_grpo.train", "train with GRPO from a YAML config"),
     "eval": ("vlm_grpo.evaluate", "evaluate a model on a data config"),
     "demo": ("vlm_grpo.demo", "train a tiny VLM on a synthetic task and evaluate it"),
+    "plot": ("vlm_grpo.plot", "plot reward, accuracy, length, KL and entropy of a run"),
+    "samples": ("vlm_grpo.samples", "render a run's logged samples as HTML"),
+    "export": ("vlm_grpo.export", "merge a LoRA adapter into its base model"),
 }
 
 

@@ -106,6 +106,7 @@ def run(
         peft_config=get_peft_config(model_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_state()
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(training_args.output_dir)

@@ -15,6 +15,7 @@ def apply_template(template: str | None, fields: dict) -> str:
     Args:
         template (str | None): A ``str.format_map`` template such as ``"{problem} Options: {options}"``;
             ``None`` returns ``fields["problem"]`` unchanged. Literal braces are written ``{{`` and ``}}``.
+            A list of plain values (e.g. ``options``) is written comma-separated: ``A, B, C``.
         fields (dict): The record's fields, including ``problem``.
 
     Returns:
@@ -26,8 +27,14 @@ def apply_template(template: str | None, fields: dict) -> str:
     """
     if template is None:
         return fields["problem"]
+    shown = {
+        k: ", ".join(str(x) for x in v)
+        if isinstance(v, list) and all(not isinstance(x, (list, dict)) for x in v)
+        else v
+        for k, v in fields.items()
+    }
     try:
-        return template.format_map(fields)
+        return template.format_map(shown)
     except KeyError as exc:
         raise TemplateFieldError(exc.args[0]) from exc
     except (IndexError, ValueError, AttributeError, TypeError) as exc:

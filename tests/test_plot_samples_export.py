@@ -1,0 +1,203 @@
+"""`vlm-grpo plot`, `samples` and `export`: curves of a real run, the HTML sample view, LoRA merging."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import color_dataset, color_rows, grpo_args, length_reward, square_image
+from PIL import Image
+from trl.data_utils import prepare_multimodal_messages
+
+from vlm_grpo import VLMGRPOTrainer, get_vlm_module
+from vlm_grpo.export import export_merged
+from vlm_grpo.export import main as export_main
+from vlm_grpo.plot import find_trainer_state, load_log_history, plot_run
+from vlm_grpo.plot import main as plot_main
+from vlm_grpo.samples import read_samples, render_html, samples_path, write_samples
+
+# ------------------------------------------------------------------------------------------------------ plot
+
+
+def test_plot_run_of_a_real_training_run(tiny_model, tmp_path):
+    trainer = VLMGRPOTrainer(
+        model=tiny_model("qwen2_vl"),
+        reward_funcs=length_reward,
+        args=grpo_args(tmp_path, beta=0.1),
+        train_dataset=color_dataset(8),
+    )
+    trainer.train()
+    trainer.save_state()
+    _, entries = load_log_history(tmp_path)
+    assert [e["step"] for e in entries] == [1, 2]
+    assert all("rewards/length_reward/mean" in e and "kl" in e for e in entries)
+
+    output = plot_run(tmp_path)
+    assert output == tmp_path / "training_curves.png"
+    with Image.open(output) as image:
+        assert image.format == "PNG"
+        assert image.width >= 800 and image.height >= 500
+
+
+def _write_state(folder, global_step: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    history = [
+        {"step": s, "reward": float(s), "rewards/accuracy/mean": 0.5} for s in range(1, global_step + 1)
+    ]
+    (folder / "trainer_state.json").write_text(
+        json.dumps({"global_step": global_step, "log_history": history})
+    )
+
+
+def test_newest_checkpoint_state_wins_and_custom_output(tmp_path):
+    _write_state(tmp_path / "checkpoint-2", 2)
+    _write_state(tmp_path / "checkpoint-10", 10)
+    assert find_trainer_state(tmp_path) == tmp_path / "checkpoint-10" / "trainer_state.json"
+    _write_state(tmp_path, 10)
+    assert find_trainer_state(tmp_path) == tmp_path / "trainer_state.json"
+    output = plot_run(tmp_path, tmp_path / "plots" / "curves.png")  # no kl, no entropy: notes, not errors
+    assert output.is_file()
+
+
+def test_plot_errors_name_the_path(tmp_path, capsys):
+    with pytest.raises(ValueError, match=str(tmp_path)):
+        plot_run(tmp_path)
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 0, "log_history": []}))
+    with pytest.raises(ValueError, match="no training log entries"):
+        plot_run(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        plot_main([str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "missing") in err and len(err.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------------------------------- samples
+
+
+def _record(step: int, images: list[str]) -> dict:
+    return {
+        "step": step,
+        "prompt": "What <b>color</b> is the square ?",
+        "images": images,
+        "solution": "red & green",
+        "completions": [f"step{step} answer <i>one</i>", f"step{step} answer two"],
+        "rewards": {"accuracy": [1.0, None], "format": [0.5, float("nan")]},
+        "advantages": [0.7071, -0.7071],
+    }
+
+
+def test_write_read_and_render_samples(tmp_path):
+    image_path = tmp_path / "red.png"
+    square_image("red", size=600).save(image_path)
+    missing = str(tmp_path / "gone.png")
+    write_samples(samples_path(tmp_path, 10), [_record(10, [str(image_path), missing])])
+    write_samples(samples_path(tmp_path, 2), [_record(2, []), _record(2, [""])])
+    assert samples_path(tmp_path, 2).name == "step_000002.jsonl"
+
+    records = read_samples(tmp_path)
+    assert [r["step"] for r in records] == [2, 2, 10]
+    assert records[0]["rewards"]["format"] == [0.5, None]  # NaN is written as null
+
+    page = render_html(tmp_path).read_text()
+    assert (tmp_path / "samples.html").is_file()
+    assert "What &lt;b&gt;color&lt;/b&gt; is the square ?" in page
+    assert "<b>color</b>" not in page
+    assert "red &amp; green" in page
+    assert page.count("data:image/png;base64,") == 1
+    assert f"missing: {missing}" in page
+    assert "embedded image" in page
+    for step in (2, 10):
+        assert f"step{step} answer &lt;i&gt;one&lt;/i&gt;" in page and f"step{step} answer two" in page
+    assert page.index("step 2") < page.index("step 10")
+    assert "0.7071" in page and "-0.7071" in page
+
+
+def test_inline_images_are_at_most_256_pixels(tmp_path):
+    import base64
+    import io
+    import re
+
+    image_path = tmp_path / "wide.png"
+    Image.new("RGB", (1000, 400), (10, 20, 30)).save(image_path)
+    write_samples(samples_path(tmp_path, 1), [_record(1, [str(image_path)])])
+    page = render_html(tmp_path, tmp_path / "out" / "view.html").read_text()
+    data = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page).group(1)
+    with Image.open(io.BytesIO(base64.b64decode(data))) as image:
+        assert image.size == (256, 102)
+
+
+def test_malformed_sample_line_names_file_and_line(tmp_path):
+    path = samples_path(tmp_path, 3)
+    write_samples(path, [_record(3, [])])
+    with path.open("a") as f:
+        f.write("{not json\n")
+    with pytest.raises(ValueError, match=r"step_000003\.jsonl, line 2"):
+        read_samples(tmp_path)
+    path.write_text('["a list"]\n')
+    with pytest.raises(ValueError, match="line 1: not a sample record"):
+        render_html(tmp_path)
+    path.unlink()
+    with pytest.raises(ValueError, match="no samples in"):
+        render_html(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------- export
+
+
+def _logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def test_export_merges_lora_exactly(tiny_model, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    base_path = tiny_model("qwen2_vl")
+    module = get_vlm_module(base_path)
+    processor = module.load_processor(base_path)
+    row = color_rows(1)[0]
+    messages = prepare_multimodal_messages(row["prompt"], images=row["images"])
+    encoded = module.encode_prompt(processor, messages, row["images"])
+    ids = torch.tensor([encoded.input_ids])
+
+    model = module.load_model(base_path, **module.model_init_kwargs(dtype="float32")).eval()
+    inputs = module.model_inputs(model.config, ids, torch.ones_like(ids), [encoded.mm])
+    base_logits = _logits(model, inputs)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    peft_logits = _logits(peft_model, inputs)
+    assert not torch.allclose(peft_logits, base_logits, atol=1e-3)
+    peft_model.save_pretrained(tmp_path / "adapter")
+
+    out = export_merged(base_path, tmp_path / "adapter", tmp_path / "merged")
+    merged = AutoModelForImageTextToText.from_pretrained(out).eval()
+    assert AutoProcessor.from_pretrained(out) is not None
+    assert not any("lora_" in key for key in merged.state_dict())
+    merged_logits = _logits(merged, inputs)
+    torch.testing.assert_close(merged_logits, peft_logits, atol=1e-5, rtol=0)
+    assert not torch.allclose(merged_logits, base_logits, atol=1e-3)
+
+    with pytest.raises(ValueError, match="not empty; .* --overwrite"):
+        export_merged(base_path, tmp_path / "adapter", out)
+    assert export_merged(base_path, tmp_path / "adapter", out, overwrite=True) == out
+
+
+def test_export_refuses_a_missing_adapter(tiny_model, tmp_path, capsys):
+    base_path = tiny_model("qwen2_vl")
+    args = ["--model", base_path, "--adapter", str(tmp_path / "nope"), "--out", str(tmp_path / "merged")]
+    with pytest.raises(SystemExit) as exit_info:
+        export_main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "adapter folder" in err and str(tmp_path / "nope") in err and len(err.splitlines()) == 1
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="adapter_config.json"):
+        export_merged(base_path, tmp_path / "empty", tmp_path / "merged")
+    assert not (tmp_path / "merged").exists()

@@ -1,0 +1,194 @@
+"""`vlm-grpo plot`: training curves of a run, read from its `trainer_state.json`, drawn into one PNG.
+
+    vlm-grpo plot runs/demo                       writes runs/demo/training_curves.png
+    vlm-grpo plot runs/demo --output curves.png
+
+The newest state wins: `RUN_DIR/trainer_state.json` (written by `trainer.save_state()` at the end of training)
+or the `RUN_DIR/checkpoint-*/trainer_state.json` with the largest `global_step`. Panels, against the step:
+reward per reward function, total reward, accuracy, completion length, KL and entropy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "trainer_state.json"
+DEFAULT_OUTPUT = "training_curves.png"
+_REWARD_KEY = re.compile(r"^rewards/(.+)/mean$")
+
+
+def find_trainer_state(run_dir: str | Path) -> Path:
+    """The newest `trainer_state.json` of a run: the run folder's own or a checkpoint's, by `global_step`.
+
+    Args:
+        run_dir (`str | Path`): the run's `output_dir`.
+
+    Returns:
+        `Path`: the state file; on a tie the run folder's own file wins (it is written last).
+
+    Raises:
+        ValueError: the folder holds no state file, or one cannot be read.
+    """
+    run_dir = Path(run_dir)
+    candidates = [run_dir / STATE_FILE, *sorted(run_dir.glob(f"checkpoint-*/{STATE_FILE}"))]
+    best: tuple[int, int, Path] | None = None
+    for rank, path in enumerate(candidates):
+        if not path.is_file():
+            continue
+        step = int(_read_state(path).get("global_step") or 0)
+        key = (step, -rank, path)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    if best is None:
+        raise ValueError(
+            f"no {STATE_FILE} in {run_dir} nor in its checkpoint-* folders; pass the output_dir of a training "
+            "run (the train entry point saves it at the end, checkpoints save it at every save step)."
+        )
+    return best[2]
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read {path}: {error}") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} is not a trainer state (expected a JSON object).")
+    return state
+
+
+def load_log_history(run_dir: str | Path) -> tuple[Path, list[dict[str, Any]]]:
+    """The training log entries of the newest state: those with a `step` and a `loss` or a reward.
+
+    Args:
+        run_dir (`str | Path`): the run's `output_dir`.
+
+    Returns:
+        `tuple[Path, list[dict]]`: the state file read and its training entries, sorted by step.
+
+    Raises:
+        ValueError: no state file, or it logged no training step.
+    """
+    path = find_trainer_state(run_dir)
+    history = _read_state(path).get("log_history") or []
+    entries = [
+        e
+        for e in history
+        if isinstance(e, dict)
+        and "step" in e
+        and ("reward" in e or any(_REWARD_KEY.match(k) for k in e) or "loss" in e)
+    ]
+    if not entries:
+        raise ValueError(
+            f"{path} has no training log entries; train for at least `logging_steps` steps before plotting."
+        )
+    return path, sorted(entries, key=lambda e: e["step"])
+
+
+def _series(entries: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """Steps and values of `key` where it was logged as a finite number."""
+    steps, values = [], []
+    for entry in entries:
+        value = entry.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            steps.append(float(entry["step"]))
+            values.append(float(value))
+    return steps, values
+
+
+def _draw(
+    ax: Any,
+    entries: list[dict[str, Any]],
+    keys: dict[str, str],
+    title: str,
+    missing: str,
+    legend: bool = False,
+) -> None:
+    """One panel: a line per `keys` item (label -> log key), or the `missing` note when none was logged."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    drawn = 0
+    for label, key in keys.items():
+        steps, values = _series(entries, key)
+        if steps:
+            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+            drawn += 1
+    if drawn == 0:
+        ax.text(0.5, 0.5, missing, ha="center", va="center", transform=ax.transAxes, color="grey")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    elif legend or len(keys) > 1:
+        ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+
+
+def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
+    """Draw the training curves of a run into a PNG.
+
+    Args:
+        run_dir (`str | Path`): the run's `output_dir`.
+        output (`str | Path | None`, defaults to None): the PNG to write; None means `RUN_DIR/training_curves.png`.
+
+    Returns:
+        `Path`: the PNG written.
+
+    Raises:
+        ValueError: no `trainer_state.json` in the run, or no training step logged in it.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    path, entries = load_log_history(run_dir)
+    keys = sorted({k for e in entries for k in e})
+    per_function = {m.group(1): k for k in keys if (m := _REWARD_KEY.match(k))}
+    accuracy = {n: k for n, k in per_function.items() if "accuracy" in n or n == "iou"}
+
+    figure = Figure(figsize=(15, 8.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, 3).ravel()
+    _draw(axes[0], entries, per_function, "reward per function", "no per-function reward logged", True)
+    _draw(axes[1], entries, {"reward": "reward"}, "total reward", "not logged")
+    _draw(
+        axes[2],
+        entries,
+        accuracy,
+        "accuracy",
+        "no accuracy reward\n(rewards/*accuracy* or rewards/iou)",
+        True,
+    )
+    _draw(axes[3], entries, {"mean": "completions/mean_length"}, "completion length (tokens)", "not logged")
+    _draw(axes[4], entries, {"kl": "kl"}, "KL to the reference", "not logged (beta = 0)")
+    _draw(axes[5], entries, {"entropy": "entropy"}, "entropy", "not logged")
+    figure.suptitle(f"{Path(run_dir).name or run_dir}: {path}", fontsize="medium")
+
+    output = Path(output) if output is not None else Path(run_dir) / DEFAULT_OUTPUT
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=100, format="png")
+    return output
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `vlm-grpo plot`; a missing or empty state exits with status 2 and a one-line message."""
+    parser = argparse.ArgumentParser(prog="vlm-grpo plot", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="the run's output_dir")
+    parser.add_argument("--output", default=None, help=f"PNG to write (default RUN_DIR/{DEFAULT_OUTPUT})")
+    args = parser.parse_args(argv)
+    try:
+        output = plot_run(args.run_dir, args.output)
+    except ValueError as error:
+        print(f"vlm-grpo plot: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(output)
+
+
+if __name__ == "__main__":
+    main()
