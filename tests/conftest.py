@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
+import yaml
 from datasets import Dataset
 from PIL import Image
 
@@ -97,3 +100,51 @@ def grpo_args(output_dir, **overrides):
     )
     values.update(overrides)
     return VLMGRPOConfig(**values)
+
+
+def write_color_data(folder: Path, n: int = 8) -> Path:
+    """A VLM-R1 style JSON colour-choice dataset with its YAML data config; returns the YAML path."""
+    (folder / "images").mkdir(parents=True)
+    records = []
+    for i in range(n):
+        color = list(COLORS)[i % len(COLORS)]
+        square_image(color).save(folder / "images" / f"{i}.png")
+        records.append(
+            {
+                "image": f"{i}.png",
+                "problem": "What color is the square ?",
+                "solution": color,
+                "options": list(COLORS),
+            }
+        )
+    (folder / "train.json").write_text(json.dumps(records))
+    config = folder / "data.yaml"
+    config.write_text("image_root: images/\ndatasets:\n  - json_path: train.json\n")
+    return config
+
+
+def write_train_yaml(folder: Path, model: str, data_config: Path, **overrides) -> Path:
+    """A training YAML for 2 quick CPU steps on `data_config`; `overrides` replace or add fields."""
+    config = {
+        "model_name_or_path": model,
+        "dtype": "float32",
+        "data_config": str(data_config),
+        "rewards": ["choice_accuracy"],
+        "output_dir": str(folder / "run"),
+        "max_steps": 2,
+        "per_device_train_batch_size": 4,
+        "num_generations": 2,
+        "max_completion_length": 4,
+        "learning_rate": 1e-3,
+        "bf16": False,
+        "use_cpu": True,
+        "gradient_checkpointing": False,
+        "save_strategy": "no",
+        "report_to": "none",
+        "logging_steps": 1,
+        "log_samples_steps": 0,
+    }
+    config.update(overrides)
+    path = folder / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path

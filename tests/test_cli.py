@@ -9,32 +9,11 @@ import sys
 from pathlib import Path
 
 import yaml
-from conftest import COLORS, square_image
+from conftest import write_color_data
 
 from vlm_grpo.demo import run_demo
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_color_data(folder: Path, n: int = 8) -> Path:
-    """A VLM-R1 style JSON colour-choice dataset with its YAML data config; returns the YAML path."""
-    (folder / "images").mkdir(parents=True)
-    records = []
-    for i in range(n):
-        color = list(COLORS)[i % len(COLORS)]
-        square_image(color).save(folder / "images" / f"{i}.png")
-        records.append(
-            {
-                "image": f"{i}.png",
-                "problem": "What color is the square ?",
-                "solution": color,
-                "options": list(COLORS),
-            }
-        )
-    (folder / "train.json").write_text(json.dumps(records))
-    config = folder / "data.yaml"
-    config.write_text("image_root: images/\ndatasets:\n  - json_path: train.json\n")
-    return config
 
 
 def vlm_grpo(*args: str) -> subprocess.CompletedProcess:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
+from .errors import run_cli
+
 COMMANDS = {
     "train": ("vlm_grpo.train", "train with GRPO from a YAML config"),
     "eval": ("vlm_grpo.evaluate", "evaluate a model on a data config"),
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         print(f"vlm-grpo: unknown command {command!r}\n{usage()}", file=sys.stderr)
         raise SystemExit(2)
-    import_module(COMMANDS[command][0]).main(rest)
+    run_cli(command, import_module(COMMANDS[command][0]).main, rest)
 
 
 if __name__ == "__main__":

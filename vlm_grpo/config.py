@@ -24,6 +24,8 @@ class VLMGRPOConfig(GRPOConfig):
         max_pixels (`int | None`, defaults to None): upper bound on pixels per image; larger images are resized
             down, keeping their aspect ratio (Qwen-VL).
         max_tiles (`int | None`, defaults to None): most tiles per image (InternVL).
+        log_samples_steps (`int`, defaults to 50): every this many steps, write the step's prompts, image paths,
+            completions, rewards and advantages to `output_dir/samples/step_NNNNNN.jsonl`; 0 turns it off.
     """
 
     freeze_vision_modules: bool = field(
@@ -38,9 +40,17 @@ class VLMGRPOConfig(GRPOConfig):
         metadata={"help": "Maximum pixels per image; larger images are resized down (Qwen-VL family)."},
     )
     max_tiles: int | None = field(default=None, metadata={"help": "Maximum tiles per image (InternVL)."})
+    log_samples_steps: int = field(
+        default=50,
+        metadata={
+            "help": "Write samples (prompts, completions, rewards) every N steps to output_dir/samples; 0: off."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
+        if self.log_samples_steps < 0:
+            raise ValueError(f"log_samples_steps must be >= 0, got {self.log_samples_steps}.")
         for name in ("min_pixels", "max_pixels", "max_tiles"):
             value = getattr(self, name)
             if value is not None and value <= 0:

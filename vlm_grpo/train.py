@@ -21,8 +21,10 @@ import torch
 from trl import TrlParser, get_peft_config
 
 from .adapters import qlora_quantization_config
+from .checkpoints import resolve_resume
 from .config import VLMGRPOConfig, VLMModelConfig
 from .data import load_data_config
+from .errors import run_cli
 from .rewards import build_rewards
 from .trainer import VLMGRPOTrainer
 
@@ -105,7 +107,9 @@ def run(
         eval_dataset=eval_dataset,
         peft_config=get_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(
+        resume_from_checkpoint=resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+    )
     trainer.save_state()
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
@@ -114,10 +118,10 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `vlm-grpo train` and `python -m vlm_grpo.train`."""
+    """Entry point of `vlm-grpo train`."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     run(*parse_args(argv))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m vlm_grpo.train (torchrun): same arguments, same error reporting
+    run_cli("train", main, sys.argv[1:])

@@ -15,6 +15,8 @@ What this subclass changes, in the order a step runs:
 from __future__ import annotations
 
 import copy
+import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,12 +30,24 @@ from trl.extras.profiling import profiling_context
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.callbacks import SyncRefModelCallback
-from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model, nanstd, pad, use_adapter
+from trl.trainer.utils import (
+    add_fused_lm_head,
+    disable_dropout_in_model,
+    get_callable_name,
+    is_async_callable,
+    nanstd,
+    pad,
+    use_adapter,
+)
 
 from .adapters import resolve_lora_config
 from .advantages import group_advantages
+from .checkpoints import mark_complete
 from .config import VLMGRPOConfig
 from .models import EncodedPrompt, VLMModule, get_vlm_module
+from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
+from .reward_guard import guard_reward
+from .samples import samples_path, write_samples
 
 
 def _prompt_images(example: dict[str, Any]) -> list[Any]:
@@ -54,6 +68,24 @@ def _same_example(a: dict[str, Any], b: dict[str, Any]) -> bool:
         x is y or (x.size == y.size and x.mode == y.mode and x.tobytes() == y.tobytes())
         for x, y in zip(images_a, images_b, strict=True)
     )
+
+
+def _image_names(example: dict[str, Any]) -> dict[str, list[str]]:
+    """`{"image_paths": [...]}` from the row's images when the row has no `image_paths` column."""
+    if "image_paths" in example:
+        return {}
+    return {"image_paths": [getattr(img, "filename", "") or "" for img in _prompt_images(example)]}
+
+
+def _guarded_rewards(reward_funcs: Any) -> list:
+    """Wrap plain reward callables so failures name the reward and the record (see `reward_guard`)."""
+    funcs = [] if reward_funcs is None else reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    return [
+        guard_reward(f, get_callable_name(f))
+        if callable(f) and not isinstance(f, (str, torch.nn.Module)) and not is_async_callable(f)
+        else f
+        for f in funcs
+    ]
 
 
 class VLMGRPOTrainer(GRPOTrainer):
@@ -125,6 +157,7 @@ class VLMGRPOTrainer(GRPOTrainer):
                     param.requires_grad_(False)
         if isinstance(peft_config, LoraConfig):
             peft_config = resolve_lora_config(peft_config, model, module)
+        reward_funcs = _guarded_rewards(reward_funcs)
 
         # TRL must neither build its own reference model nor re-read the load kwargs of a model already loaded.
         saved = args.beta, args.sync_ref_model, args.model_init_kwargs
@@ -146,6 +179,10 @@ class VLMGRPOTrainer(GRPOTrainer):
         self.beta = args.beta
         self.vlm_module: VLMModule = module
         self._active_mm_inputs: Sequence[dict[str, torch.Tensor]] | None = None
+        self._timer = PhaseTimer()
+        self._step_seconds = 0.0
+        self._step_tokens = 0
+        self._check_dataset_size(train_dataset)
         if self.tools or self.environment_factories is not None or self.rollout_func is not None:
             raise ValueError("VLMGRPOTrainer does not support tools, environment_factory or rollout_func.")
 
@@ -153,6 +190,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         unwrapped = self.accelerator.unwrap_model(self.model)
         self.eos_token_ids = module.eos_token_ids(processing_class, unwrapped)
         self.placeholder_token_ids = module.placeholder_token_ids(processing_class, unwrapped.config)
+        self.context_length = getattr(unwrapped.config.get_text_config(), "max_position_embeddings", None)
         if not self.use_vllm:
             self.generation_kwargs.update(
                 eos_token_id=self.eos_token_ids, suppress_tokens=self.placeholder_token_ids
@@ -168,6 +206,61 @@ class VLMGRPOTrainer(GRPOTrainer):
                 self.add_callback(
                     SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator)
                 )
+
+    def _check_dataset_size(self, dataset: Any) -> None:
+        """A dataset must fill at least one generation batch, or no training step can run."""
+        if dataset is None or not hasattr(dataset, "__len__"):
+            return
+        needed = (
+            self.args.generation_batch_size // self.num_generations
+        )  # distinct prompts per generation batch
+        if len(dataset) < needed:
+            raise ValueError(
+                f"The training dataset has {len(dataset)} prompts but one generation batch needs {needed} "
+                f"(generation_batch_size {self.args.generation_batch_size} / num_generations "
+                f"{self.num_generations}); add data or lower per_device_train_batch_size or steps_per_generation."
+            )
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        """TRL's step, plus per-phase timings and throughput once per optimizer step."""
+        start = time.perf_counter()
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._step_seconds += time.perf_counter() - start
+        if self._step % self.current_gradient_accumulation_steps == 0:
+            metrics = step_metrics(
+                self._timer.pop(), self._step_seconds, self._step_tokens, self.accelerator.num_processes
+            )
+            for name, value in metrics.items():
+                self._metrics["train"][name].append(value)
+            self._step_seconds, self._step_tokens = 0.0, 0
+        return loss
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """Load a checkpoint's weights through `from_pretrained`, which maps their key names.
+
+        transformers 5.23 saves VLM weights under the checkpoint's original key names (e.g. `visual.*`), and
+        `Trainer._load_from_checkpoint` loads them without that mapping: every weight is skipped with a warning
+        and training silently resumes from the initial weights. DeepSpeed and PEFT load their own way.
+        """
+        model = self.model if model is None else model
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled or is_peft_model(model):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        target = self.accelerator.unwrap_model(model)
+        loaded = self.vlm_module.load_model(resume_from_checkpoint, dtype=target.dtype, device_map=None)
+        missing, unexpected = target.load_state_dict(loaded.state_dict(), strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"Checkpoint {resume_from_checkpoint} does not match the model: missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]}; resume with the model and config that wrote it."
+            )
+
+    def _save_checkpoint(self, model, trial):
+        """Save as transformers does, then mark the checkpoint complete once every process has written it."""
+        super()._save_checkpoint(model, trial)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            mark_complete(folder)
 
     # ------------------------------------------------------------------------------------------- reference
     def _build_reference_model(
@@ -201,9 +294,27 @@ class VLMGRPOTrainer(GRPOTrainer):
             images = _prompt_images(example)
             messages = prepare_multimodal_messages(example["prompt"], images=images)
             item = self.vlm_module.encode_prompt(self.processing_class, messages, images)
+            self._check_context(item, example)
             item.mm = {k: v.to(device) for k, v in item.mm.items()}
             encoded.append(item)
         return encoded
+
+    def _check_context(self, item: EncodedPrompt, example: dict[str, Any]) -> None:
+        """A prompt plus its completion must fit the model's context; say why when images make it too long."""
+        if (
+            self.context_length is None
+            or len(item.input_ids) + self.max_completion_length <= self.context_length
+        ):
+            return
+        image_token_id = self.accelerator.unwrap_model(self.model).config.image_token_id
+        image_tokens = sum(t == image_token_id for t in item.input_ids)
+        where = example.get("image_paths") or example.get("id") or example.get("solution")
+        raise ValueError(
+            f"A prompt ({where!r}) has {len(item.input_ids)} tokens, {image_tokens} of them for its "
+            f"{item.num_images} image(s); with max_completion_length {self.max_completion_length} it exceeds the "
+            f"model's context of {self.context_length} tokens. Lower max_pixels (or max_tiles), use fewer images "
+            "per prompt, or lower max_completion_length."
+        )
 
     def _model_inputs(
         self,
@@ -314,11 +425,12 @@ class VLMGRPOTrainer(GRPOTrainer):
         device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
         prompts = [x["prompt"] for x in inputs]
-        encoded = self._encode_examples(inputs)
-        prompt_ids_list = [e.input_ids for e in encoded]
-        mm_list = [e.mm for e in encoded]
-
-        completion_ids_list = self._sample_completions(prompt_ids_list, mm_list)
+        timer = self._timer if mode == "train" else PhaseTimer()
+        with timer("gen"):
+            encoded = self._encode_examples(inputs)
+            prompt_ids_list = [e.input_ids for e in encoded]
+            mm_list = [e.mm for e in encoded]
+            completion_ids_list = self._sample_completions(prompt_ids_list, mm_list)
         texts = self.processing_class.batch_decode(completion_ids_list, skip_special_tokens=True)
         completions = [[{"role": "assistant", "content": t}] for t in texts]
         self._log_lengths(mode, prompt_ids_list, completion_ids_list)
@@ -356,21 +468,25 @@ class VLMGRPOTrainer(GRPOTrainer):
         ):
             generate_every = self.args.steps_per_generation * self.num_iterations
             if self.args.gradient_accumulation_steps % generate_every != 0:
-                old_logps = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention_mask, logits_to_keep, batch_size, mm_inputs=mm_list
-                )[0]  # [B, C]
+                with timer("old_log_prob"):
+                    old_logps = self._get_per_token_logps_and_entropies(
+                        self.model, input_ids, attention_mask, logits_to_keep, batch_size, mm_inputs=mm_list
+                    )[0]  # [B, C]
             if self.beta != 0.0:
-                ref_logps = self._reference_logps(
-                    input_ids, attention_mask, logits_to_keep, batch_size, mm_list
-                )
+                with timer("ref"):
+                    ref_logps = self._reference_logps(
+                        input_ids, attention_mask, logits_to_keep, batch_size, mm_list
+                    )
 
-        rewards_per_func = self._calculate_rewards(
-            inputs, prompts, completions, completion_ids_list
-        )  # [N, F]
+        with timer("reward"):
+            rewards_per_func = self._calculate_rewards(
+                inputs, prompts, completions, completion_ids_list
+            )  # [N, F]
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        advantages, rewards, is_std_zero = group_advantages(
-            rewards_per_func, self.reward_weights, num_generations, self.scale_rewards
-        )
+        with timer("adv"):
+            advantages, rewards, is_std_zero = group_advantages(
+                rewards_per_func, self.reward_weights, num_generations, self.scale_rewards
+            )
         all_advantages = advantages.clone()
         rank = self.accelerator.process_index
         advantages = advantages[rank * len(prompts) : (rank + 1) * len(prompts)]  # [B]
@@ -380,6 +496,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         for i, name in enumerate(self.reward_func_names):
             self._logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
         self._logs["advantages"].extend(all_advantages.tolist())
+        if mode == "train":
+            self._write_samples(inputs, texts, rewards_per_func, all_advantages, num_generations)
 
         output = {
             "prompt_ids": prompt_ids,
@@ -396,6 +514,22 @@ class VLMGRPOTrainer(GRPOTrainer):
             output["ref_per_token_logps"] = ref_logps
         return output
 
+    def _write_samples(self, inputs, texts, rewards_per_func, advantages, num_generations) -> None:
+        """Every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (main process)."""
+        every = self.args.log_samples_steps
+        if not every or self.state.global_step % every != 0:
+            return
+        keep = ("prompt", "image_paths", "solution", "id")
+        rows = gather_object([{k: x[k] for k in keep if k in x} | _image_names(x) for x in inputs])
+        all_texts = gather_object(texts)
+        if not self.accelerator.is_main_process:
+            return
+        rewards = {name: rewards_per_func[:, i].tolist() for i, name in enumerate(self.reward_func_names)}
+        records = sample_records(
+            self.state.global_step, rows, all_texts, rewards, advantages.tolist(), num_generations
+        )
+        write_samples(samples_path(self.args.output_dir, self.state.global_step), records)
+
     # ------------------------------------------------------------------------------------------- metrics
     def _log_lengths(
         self, mode: str, prompt_ids_list: list[list[int]], completion_ids_list: list[list[int]]
@@ -408,9 +542,17 @@ class VLMGRPOTrainer(GRPOTrainer):
                 [not i or i[-1] not in self.eos_token_ids for i in completion_ids_list], device=device
             )
         )
+        total_tokens = int(prompt_lengths.sum().item() + lengths.sum().item())
         if mode == "train":
-            self.state.num_input_tokens_seen += int(prompt_lengths.sum().item() + lengths.sum().item())
+            self.state.num_input_tokens_seen += total_tokens
+            self._step_tokens += total_tokens
         metrics = self._metrics[mode]
+        stats = {
+            **length_stats("prompt_length", prompt_lengths.tolist()),
+            **length_stats("response_length", lengths.tolist()),
+        }
+        for name, value in stats.items():
+            metrics[name].append(value)
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
         metrics["completions/mean_length"].append(lengths.mean().item())
         metrics["completions/min_length"].append(lengths.min().item())

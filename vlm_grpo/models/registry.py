@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
@@ -18,6 +20,17 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for cls in MODULES for t in cls
 def _model_type(model_or_config_or_path: Any, trust_remote_code: bool) -> str:
     obj = model_or_config_or_path
     if isinstance(obj, str):
+        config_file = Path(obj) / "config.json"
+        if (
+            not trust_remote_code
+            and config_file.is_file()
+            and "auto_map" in json.loads(config_file.read_text())
+        ):
+            raise ValueError(
+                f"{obj} ships its own model code (auto_map in config.json), which runs only with "
+                "trust_remote_code: true in the YAML (or --trust_remote_code true); set it only if you trust "
+                "that code. For InternVL, prefer the transformers-native -hf checkpoints."
+            )
         obj = AutoConfig.from_pretrained(obj, trust_remote_code=trust_remote_code)
     config = obj if isinstance(obj, PretrainedConfig) else getattr(obj, "config", None)
     if not isinstance(config, PretrainedConfig):

@@ -1,0 +1,255 @@
+"""Helpers of `test_distributed.py`: tiny data and configs, launching real multi-process runs, and a probe reward.
+
+`probe_reward` is used by the launched runs as a dotted-path reward (`dist_helpers.probe_reward`, this folder is put
+on their `PYTHONPATH`). Every rank calls it on its own slice of the batch, so it is the per-rank evidence the tests
+read: each call appends one JSON line to `$VLM_GRPO_PROBE_DIR/rank{RANK}.jsonl` with the step, how many images each
+of the rank's rows has, and how the policy and reference models are sharded in that process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent  # the venv's bin: torchrun, accelerate, python
+RUN_TIMEOUT = 240  # seconds for one launched 2-process run; a hang fails the test instead of blocking CI
+COLORS = ("red", "green", "blue", "yellow")
+RGB = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
+
+
+# ------------------------------------------------------------------------------------------------- data/config
+def write_data(folder: Path, layout: list[str]) -> Path:
+    """A VLM-R1 JSON dataset, one record per entry of `layout` ("image" or "text"), in that order; returns its YAML.
+
+    Image records ask for the colour of a square in a 56x56 PNG; text records have no `image` field at all.
+    """
+    from PIL import Image
+
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    records = []
+    for i, kind in enumerate(layout):
+        color = COLORS[i % len(COLORS)]
+        record: dict[str, Any] = {"solution": color, "options": list(COLORS), "id": i}
+        if kind == "image":
+            image = Image.new("RGB", (56, 56), (128, 128, 128))
+            image.paste(Image.new("RGB", (28, 28), RGB[color]), (14, 14))
+            image.save(folder / "images" / f"{i}.png")
+            record.update(image=f"{i}.png", problem="What color is the square ?")
+        elif kind == "text":
+            record.update(problem="Name a color .")
+        else:
+            raise ValueError(f"layout entries are 'image' or 'text', got {kind!r}")
+        records.append(record)
+    (folder / "train.json").write_text(json.dumps(records))
+    config = folder / "data.yaml"
+    config.write_text("image_root: images/\ndatasets:\n  - json_path: train.json\n")
+    return config
+
+
+def write_config(folder: Path, model: str, data_config: Path, **overrides: Any) -> Path:
+    """A training YAML for 2 tiny fp32 CPU steps on 2 processes; `overrides` replace or add fields.
+
+    per_device_train_batch_size 2 x 2 processes = one group of 2 completions per rank and step. The checkpoint at
+    step 2 is written (`save_steps: 2`). `shuffle_dataset: false` makes the rank of every row predictable.
+    """
+    config: dict[str, Any] = {
+        "model_name_or_path": model,
+        "dtype": "float32",
+        "data_config": str(data_config),
+        "rewards": ["dist_helpers.probe_reward"],
+        "output_dir": str(folder / "run"),
+        "max_steps": 2,
+        "per_device_train_batch_size": 2,
+        "num_generations": 2,
+        "max_completion_length": 4,
+        "learning_rate": 1e-2,
+        "bf16": False,
+        "use_cpu": True,
+        "gradient_checkpointing": False,
+        "save_strategy": "steps",
+        "save_steps": 2,
+        "report_to": "none",
+        "logging_steps": 1,
+        "shuffle_dataset": False,
+        "disable_tqdm": True,
+        "seed": 0,
+    }
+    config.update(overrides)
+    path = folder / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- launching
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env(probe_dir: Path, **extra: str) -> dict[str, str]:
+    """Environment of a launched run: offline, CPU DeepSpeed, this folder importable, the venv's bin first on PATH."""
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        WANDB_DISABLED="true",
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), str(ROOT), env.get("PYTHONPATH", "")) if p),
+        PATH=os.pathsep.join((str(BIN), env.get("PATH", ""))),
+        VLM_GRPO_PROBE_DIR=str(probe_dir),
+    )
+    env.update(extra)
+    return env
+
+
+class Run:
+    """The outcome of one launched command: return code, combined log, and whether it timed out."""
+
+    def __init__(self, cmd: list[str], returncode: int, log: str, timed_out: bool, seconds: float):
+        self.cmd, self.returncode, self.log, self.timed_out, self.seconds = (
+            cmd,
+            returncode,
+            log,
+            timed_out,
+            seconds,
+        )
+
+    def tail(self, n: int = 6000) -> str:
+        lines = [
+            line
+            for line in self.log.splitlines()
+            if "FutureWarning" not in line and "return func(" not in line
+        ]
+        text = "\n".join(lines)
+        return (
+            f"$ {' '.join(self.cmd)}\n[rc={self.returncode} timed_out={self.timed_out} {self.seconds:.0f}s]\n"
+            + text[-n:]
+        )
+
+
+def launch(cmd: list[str], env: dict[str, str], log_path: Path, timeout: int = RUN_TIMEOUT) -> Run:
+    """Run `cmd` from the repository root in its own process group; past `timeout` the whole group is killed."""
+    import time
+
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the workers it started, nothing else
+            proc.wait()
+    return Run(
+        cmd, proc.returncode, log_path.read_text(errors="replace"), timed_out, time.monotonic() - start
+    )
+
+
+# ------------------------------------------------------------------------------------------------------- probe
+def _find_trainer() -> Any:
+    """The `GRPOTrainer` whose step called the reward (found on the call stack), or None."""
+    from trl import GRPOTrainer
+
+    frame = inspect.currentframe()
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, GRPOTrainer):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def _describe_model(model: Any) -> dict[str, Any] | None:
+    """Wrapper class, inner model class, ZeRO stage, and how much of its parameters this process holds."""
+    if model is None:
+        return None
+    inner = getattr(model, "module", model)
+    params = list(inner.parameters())
+    partitioned = bool(params) and all(hasattr(p, "ds_id") for p in params)
+    info: dict[str, Any] = {
+        "wrapper": type(model).__name__,
+        "class": type(inner).__name__,
+        "zero_stage": model.zero_optimization_stage() if hasattr(model, "zero_optimization_stage") else None,
+        "zero3_partitioned": partitioned,
+        "numel": sum(p.numel() for p in params),
+    }
+    if partitioned:
+        info["full_numel"] = sum(p.ds_numel for p in params)
+        info["local_numel"] = sum(p.ds_tensor.numel() for p in params)
+    return info
+
+
+def probe_reward(completions, **kwargs) -> list[float]:
+    """A reward that differs between completions of a group (so the policy gets a gradient), and a per-rank probe.
+
+    The reward is the completion's length plus a fraction from its CRC32: two completions of a group get the same
+    reward only when their texts are identical.
+    """
+    texts = [c[0]["content"] if isinstance(c, list) else str(c) for c in completions]
+    probe_dir = os.environ.get("VLM_GRPO_PROBE_DIR")
+    if probe_dir:
+        trainer = _find_trainer()
+        state = kwargs.get("trainer_state")
+        record = {
+            "rank": int(os.environ.get("RANK", "0")),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "global_step": getattr(state, "global_step", None),
+            "ids": kwargs.get("id"),
+            "num_images": [len(images or []) for images in kwargs.get("images", [None] * len(texts))],
+            "policy": _describe_model(getattr(trainer, "model_wrapped", None)),
+            "ref": _describe_model(getattr(trainer, "ref_model", None)),
+        }
+        with open(Path(probe_dir) / f"rank{record['rank']}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+    return [len(t) + (zlib.crc32(t.encode()) % 1000) / 1000 for t in texts]
+
+
+def read_probe(probe_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """`{rank: [record per reward call, in order]}` written by `probe_reward`."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(probe_dir.glob("rank*.jsonl")):
+        out[int(path.stem[4:])] = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- checking
+def load_state(output_dir: Path) -> dict[str, Any]:
+    return json.loads((output_dir / "trainer_state.json").read_text())
+
+
+def changed_weights(initial_dir: str, trained_dir: Path) -> dict[str, list[str]]:
+    """Load both folders with `AutoModelForImageTextToText` and list the parameters that differ.
+
+    Returns `{"language": [...], "vision": [...], "missing": [...]}` (parameter names; `missing` are keys the
+    trained folder did not provide, reported by `from_pretrained`).
+    """
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    initial = AutoModelForImageTextToText.from_pretrained(initial_dir, dtype=torch.float32).state_dict()
+    trained, info = AutoModelForImageTextToText.from_pretrained(
+        str(trained_dir), dtype=torch.float32, output_loading_info=True
+    )
+    trained = trained.state_dict()
+    out: dict[str, list[str]] = {"language": [], "vision": [], "missing": sorted(info["missing_keys"])}
+    for name, value in initial.items():
+        if not torch.equal(value, trained[name]):
+            out["vision" if ".visual." in f".{name}" else "language"].append(name)
+    return out

@@ -1,0 +1,104 @@
+"""Exact resume: a run killed with SIGKILL and resumed ends where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import write_color_data, write_train_yaml
+from safetensors.torch import load_file
+
+from vlm_grpo.checkpoints import is_complete, latest_checkpoint, mark_complete, resolve_resume
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A reward whose value depends on the sampled text (so updates depend on the RNG and the data order), and that
+# slows the run down after step 2, so that the kill lands mid-training.
+SLOW_REWARD = """
+import time
+
+def slow_length(completions, trainer_state=None, **kwargs):
+    if trainer_state.global_step >= 2:
+        time.sleep(0.4)
+    return [float(len(c[0]["content"])) for c in completions]
+"""
+
+
+def launch(config: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(config.parent), "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "vlm_grpo.train", str(config), *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_killed_and_resumed_run_matches_uninterrupted_run(tiny_model, tmp_path):
+    (tmp_path / "slow_reward.py").write_text(textwrap.dedent(SLOW_REWARD))
+    data = write_color_data(tmp_path / "data", n=16)
+    common = dict(
+        rewards=["slow_reward.slow_length"],
+        max_steps=5,
+        save_strategy="steps",
+        save_steps=2,
+        learning_rate=1e-2,
+        lr_scheduler_type="linear",
+        seed=7,
+    )
+    model = tiny_model("qwen2_vl")
+
+    straight = write_train_yaml(tmp_path, model, data, output_dir=str(tmp_path / "straight"), **common)
+    straight = straight.rename(tmp_path / "straight.yaml")
+    assert launch(straight).wait(timeout=300) == 0
+
+    config = write_train_yaml(tmp_path, model, data, output_dir=str(tmp_path / "killed"), **common)
+    process = launch(config)
+    checkpoint = tmp_path / "killed" / "checkpoint-2"
+    deadline = time.monotonic() + 300
+    while not is_complete(checkpoint):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    assert not (tmp_path / "killed" / "model.safetensors").exists()  # it really died mid-training
+
+    # A checkpoint killed while saving (no completion marker) must never be taken as the latest.
+    partial = tmp_path / "killed" / "checkpoint-4"
+    partial.mkdir(exist_ok=True)
+    shutil.copy(checkpoint / "model.safetensors", partial / "model.safetensors")
+    assert latest_checkpoint(tmp_path / "killed") == str(checkpoint)
+
+    resumed = launch(config, "--resume_from_checkpoint", "true")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
+    a = load_file(tmp_path / "straight" / "model.safetensors")
+    b = load_file(tmp_path / "killed" / "model.safetensors")
+    initial = load_file(Path(model) / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert any(not torch.equal(a[k], initial[k]) for k in a)  # training moved the weights
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-6, rtol=0)
+
+
+def test_resume_setting_resolution(tmp_path):
+    assert resolve_resume(None, tmp_path) is None and resolve_resume("false", tmp_path) is None
+    assert resolve_resume("true", tmp_path) is None  # nothing to resume from: start fresh
+    for step in (2, 4):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    mark_complete(tmp_path / "checkpoint-2")
+    assert resolve_resume(True, tmp_path) == str(tmp_path / "checkpoint-2")
+    with pytest.raises(ValueError, match="checkpoint-4.*incomplete.*checkpoint-2"):
+        resolve_resume(str(tmp_path / "checkpoint-4"), tmp_path)
+    with pytest.raises(ValueError, match="no such checkpoint"):
+        resolve_resume(str(tmp_path / "checkpoint-9"), tmp_path)

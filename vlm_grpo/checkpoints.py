@@ -1,0 +1,67 @@
+"""Checkpoints that are safe to resume from.
+
+A run killed while saving leaves a `checkpoint-N` folder with some files missing. transformers picks the
+highest-numbered folder as the latest; we only pick folders that carry the completion marker, which the trainer
+writes after every process has finished writing its part of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+COMPLETE_MARKER = "checkpoint_complete"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def mark_complete(checkpoint_dir: str | os.PathLike) -> None:
+    """Write the completion marker into `checkpoint_dir` (call after all its files are written)."""
+    path = Path(checkpoint_dir) / COMPLETE_MARKER
+    with open(path, "w") as f:
+        f.write("complete\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def is_complete(checkpoint_dir: str | os.PathLike) -> bool:
+    """Whether `checkpoint_dir` carries the completion marker."""
+    return (Path(checkpoint_dir) / COMPLETE_MARKER).is_file()
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The complete `checkpoint-N` folder of `output_dir` with the largest N, or None when there is none."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return None
+    steps = [
+        (int(m.group(1)), p)
+        for p in folder.iterdir()
+        if (m := _CHECKPOINT.match(p.name)) and p.is_dir() and is_complete(p)
+    ]
+    return str(max(steps)[1]) if steps else None
+
+
+def resolve_resume(value: str | bool | None, output_dir: str | os.PathLike) -> str | None:
+    """Turn a `resume_from_checkpoint` setting into a checkpoint folder.
+
+    Args:
+        value (`str | bool | None`): None/False/"false" (start fresh), True/"true" (latest complete checkpoint
+            of `output_dir`; start fresh when there is none) or a checkpoint folder.
+        output_dir (`str | os.PathLike`): the run's output folder.
+
+    Raises:
+        ValueError: a given folder is missing or incomplete (the message names the latest complete one).
+    """
+    if value in (None, False) or str(value).lower() in ("false", "none", ""):
+        return None
+    if value is True or str(value).lower() == "true":
+        return latest_checkpoint(output_dir)
+    if not Path(value).is_dir():
+        raise ValueError(f"resume_from_checkpoint={value!r}: no such checkpoint folder.")
+    if not is_complete(value):
+        raise ValueError(
+            f"resume_from_checkpoint={value!r} is incomplete (the run stopped while saving it); resume from "
+            f"{latest_checkpoint(Path(value).parent)!r} or pass --resume_from_checkpoint true."
+        )
+    return str(value)

@@ -1,0 +1,87 @@
+"""Reward functions that fail loudly and precisely.
+
+A reward that raises, returns the wrong number of values, or returns NaN would otherwise surface as a bare
+traceback from deep inside the trainer, or silently poison the advantages. `guard_reward` wraps a reward so
+that these cases raise a `RewardError` naming the reward and the record.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+_RECORD_KEYS = ("id", "image_paths", "problem", "solution")
+
+
+class RewardError(ValueError):
+    """A reward function failed or returned invalid values; the message names the reward and the record."""
+
+
+def _describe(kwargs: dict[str, Any], index: int) -> str:
+    """A short description of record `index` from the reward's column kwargs (id, images, problem, solution)."""
+    parts = []
+    for key in _RECORD_KEYS:
+        values = kwargs.get(key)
+        if isinstance(values, Sequence) and not isinstance(values, str) and index < len(values):
+            text = repr(values[index])
+            parts.append(f"{key}={text[:80] + '...' if len(text) > 80 else text}")
+    return f"record {index}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _single(kwargs: dict[str, Any], index: int, size: int) -> dict[str, Any]:
+    """The kwargs of one record: every per-completion list sliced to `[index]`, other values kept."""
+    return {k: [v[index]] if isinstance(v, list) and len(v) == size else v for k, v in kwargs.items()}
+
+
+def guard_reward(func: Callable[..., list], name: str) -> Callable[..., list]:
+    """Wrap `func` so that failures and invalid outputs raise `RewardError` naming `name` and the record.
+
+    Args:
+        func (`Callable`): a reward `fn(prompts=..., completions=..., **columns) -> list[float | None]`.
+        name (`str`): the name used in messages and metrics (`__name__` of the wrapper).
+
+    Returns:
+        `Callable`: same signature; returns the same values when they are valid (floats or None, one per
+        completion, no NaN).
+    """
+
+    @functools.wraps(func)
+    def guarded(*args: Any, **kwargs: Any) -> list:
+        completions = kwargs.get("completions", args[1] if len(args) > 1 else [])
+        size = len(completions)
+        try:
+            values = func(*args, **kwargs)
+        except Exception as error:  # re-raised with the failing record; the original is chained
+            index = _first_failing_record(func, kwargs, size) if not args else None
+            where = _describe(kwargs, index) if index is not None else f"a batch of {size} completions"
+            raise RewardError(f"reward '{name}' raised {type(error).__name__} on {where}: {error}") from error
+        values = list(values) if values is not None else None
+        if values is None or len(values) != size:
+            got = "None" if values is None else f"{len(values)} values"
+            raise RewardError(
+                f"reward '{name}' returned {got} for {size} completions; return one per completion."
+            )
+        for index, value in enumerate(values):
+            if value is None:
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+                raise RewardError(
+                    f"reward '{name}' returned {value!r} for {_describe(kwargs, index)}; return a finite float "
+                    "or None (None = the reward does not apply to this completion)."
+                )
+        return values
+
+    guarded.__name__ = name
+    return guarded
+
+
+def _first_failing_record(func: Callable[..., list], kwargs: dict[str, Any], size: int) -> int | None:
+    """Re-run `func` record by record (only after a failure) to find the first record it fails on."""
+    for index in range(size):
+        try:
+            func(**_single(kwargs, index, size))
+        except Exception:  # the record that fails is what we are looking for
+            return index
+    return None
