@@ -3,7 +3,8 @@
 It builds a tiny Qwen2-VL with `build_tiny_model`, draws a synthetic task (a coloured square on grey: "which
 colour?", four options, held-out images for evaluation), writes it as VLM-R1 style JSON with YAML data configs,
 evaluates the untrained model, trains with `vlm_grpo.train.run` (reward: `choice_accuracy`), and evaluates again.
-Outputs in `--output_dir`: `data/`, `model-init/`, `model/` (trained), `eval_before.json`, `eval_after.json`.
+Outputs in `--output_dir`: `data/`, `model-init/`, `model/` (trained, with `training_curves.png`,
+`samples/` and `samples.html`), `eval_before.json`, `eval_after.json`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from PIL import Image
 
 from .config import VLMGRPOConfig, VLMModelConfig
 from .evaluate import evaluate
+from .plot import plot_run
+from .samples import render_html
 from .testing import ROLE_WORDS, build_tiny_model
 from .train import ScriptArguments, run
 
@@ -88,6 +91,7 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int = 500, seed: int = 0)
         bf16=False,
         gradient_checkpointing=False,
         logging_steps=25,
+        log_samples_steps=100,
         save_strategy="no",
         report_to="none",
         seed=seed,
@@ -100,6 +104,8 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int = 500, seed: int = 0)
     train_seconds = time.perf_counter() - start
     after = evaluate(str(out / "model"), str(eval_yaml), output=str(out / "eval_after.json"), **eval_kwargs)
     print(f"held-out accuracy after {max_steps} GRPO steps ({train_seconds:.0f} s): {after['accuracy']:.3f}")
+    print(f"training curves: {plot_run(out / 'model')}")
+    print(f"samples page: {render_html(out / 'model')}")
     return {"before": before, "after": after, "train_seconds": train_seconds}
 
 
