@@ -189,3 +189,16 @@ def test_corrupt_image_is_never_replaced(tmp_path):
     (tmp_path / "data" / "images" / "2.png").write_bytes(b"\x89PNG broken")
     with pytest.raises(DataConfigError, match="record 2"):
         load_data_config(data)
+
+
+def test_yaml_is_read_with_a_safe_loader(tmp_path, capsys):
+    from vlm_grpo.data import DataConfigError, load_data_config
+
+    marker = tmp_path / "pwned"
+    evil = f"!!python/object/apply:os.system ['touch {marker}']\n"
+    (tmp_path / "data.yaml").write_text("datasets:\n  - json_path: " + evil)
+    with pytest.raises(DataConfigError):
+        load_data_config(tmp_path / "data.yaml")
+    (tmp_path / "train.yaml").write_text("model_name_or_path: " + evil)
+    error_line(capsys, "train", str(tmp_path / "train.yaml"))
+    assert not marker.exists()

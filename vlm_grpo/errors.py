@@ -8,8 +8,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+import yaml
+
 # Errors raised for bad input: configs, data, rewards, models. Anything else is a bug and keeps its traceback.
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, KeyError, OSError, ImportError)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    TypeError,
+    KeyError,
+    OSError,
+    ImportError,
+    yaml.YAMLError,
+)
 
 
 def one_line(error: BaseException) -> str:
