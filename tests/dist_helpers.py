@@ -24,6 +24,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, accelerate, python
+# DeepSpeed JIT-builds a C++ op for CPU runs; it is cached here, apart from other checkouts and users of the default
+# ~/.cache/torch_extensions, whose builds with another venv path would invalidate it (and rebuild it inside a run).
+TORCH_EXTENSIONS_DIR = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
+    ROOT / ".pytest_cache" / "torch_extensions"
+)
 RUN_TIMEOUT = 240  # seconds for one launched 2-process run; a hang fails the test instead of blocking CI
 COLORS = ("red", "green", "blue", "yellow")
 RGB = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
@@ -107,6 +112,7 @@ def launch_env(probe_dir: Path, **extra: str) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         WANDB_DISABLED="true",
         DS_ACCELERATOR="cpu",
+        TORCH_EXTENSIONS_DIR=TORCH_EXTENSIONS_DIR,
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), str(ROOT), env.get("PYTHONPATH", "")) if p),
         PATH=os.pathsep.join((str(BIN), env.get("PATH", ""))),
@@ -128,17 +134,16 @@ class Run:
             seconds,
         )
 
-    def tail(self, n: int = 6000) -> str:
-        lines = [
-            line
-            for line in self.log.splitlines()
-            if "FutureWarning" not in line and "return func(" not in line
-        ]
-        text = "\n".join(lines)
-        return (
+    def tail(self, n: int = 3000) -> str:
+        """The command, its outcome, the log's first traceback (usually the cause) and the log's end."""
+        noise = ("FutureWarning", "return func(", "warnings.warn(")
+        text = "\n".join(line for line in self.log.splitlines() if not any(s in line for s in noise))
+        start = text.find("Traceback")
+        first = text[start : start + 4000] + "\n[...]\n" if start >= 0 else ""
+        head = (
             f"$ {' '.join(self.cmd)}\n[rc={self.returncode} timed_out={self.timed_out} {self.seconds:.0f}s]\n"
-            + text[-n:]
         )
+        return head + first + text[-n:]
 
 
 def launch(cmd: list[str], env: dict[str, str], log_path: Path, timeout: int = RUN_TIMEOUT) -> Run:
@@ -159,6 +164,34 @@ def launch(cmd: list[str], env: dict[str, str], log_path: Path, timeout: int = R
             proc.wait()
     return Run(
         cmd, proc.returncode, log_path.read_text(errors="replace"), timed_out, time.monotonic() - start
+    )
+
+
+def launcher_python() -> str:
+    """The interpreter torchrun and accelerate start the workers with (their shebang; it can differ from
+    `sys.executable` in spelling when the venv is reached through a symlink)."""
+    first = (BIN / "torchrun").read_text().splitlines()[0]
+    return first[2:].strip() if first.startswith("#!") else sys.executable
+
+
+def build_deepspeed_cpu_ops(timeout: int = 900) -> subprocess.CompletedProcess:
+    """JIT-build DeepSpeed's CPU shared-memory comm op (`deepspeed_shm_comm`), which every process of a CPU
+    DeepSpeed run loads when it initialises deepspeed.comm.
+
+    The first build takes 1.5 to 4 minutes on 2 busy cores; it is cached in `TORCH_EXTENSIONS_DIR` (the
+    environment's, else `.pytest_cache/torch_extensions`) and reused while the compiler command is unchanged. The command holds the
+    interpreter's site-packages path, so the build runs with the workers' interpreter: built with another
+    spelling of the same venv, every run would rebuild it inside its own timeout.
+    """
+    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR}
+    return subprocess.run(
+        [launcher_python(), "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
     )
 
 

@@ -11,7 +11,9 @@ import torch
 from vlm_grpo.device import accelerator_type, default_device, resolve_attn_implementation, resolve_dtype
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vlm_grpo"
-CUDA_ONLY = re.compile(r"\.cuda\(|torch\.cuda\.|device\s*=\s*['\"]cuda|['\"]cuda:\d|\.to\(['\"]cuda|flash_attn")
+CUDA_ONLY = re.compile(
+    r"\.cuda\(|torch\.cuda\.|device\s*=\s*['\"]cuda|['\"]cuda:\d|\.to\(['\"]cuda|flash_attn"
+)
 
 
 def test_no_cuda_only_calls_outside_device_module():

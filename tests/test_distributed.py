@@ -17,13 +17,13 @@ Run them alone with `pytest -m distributed tests/test_distributed.py`; `-m "not 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
 from dist_helpers import (
     BIN,
     ROOT,
+    build_deepspeed_cpu_ops,
     changed_weights,
     free_port,
     launch,
@@ -36,27 +36,15 @@ from dist_helpers import (
 
 pytestmark = pytest.mark.distributed
 
-ZERO3 = "local_scripts/zero3.json"
 ZERO2 = "local_scripts/zero2.json"
 IMAGES = ["image"] * 8
 
 
 @pytest.fixture(scope="session")
 def deepspeed_cpu_ops():
-    """Build DeepSpeed's CPU shared-memory comm op once (a JIT C++ build, about 2 minutes on 2 cores the first time,
-    cached in ~/.cache/torch_extensions afterwards) so that the runs' own timeouts only time the runs."""
-    import subprocess
-    import sys
-
-    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "DS_ACCELERATOR": "cpu"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    """DeepSpeed's CPU shared-memory comm op, JIT-built once before the DeepSpeed runs (see `build_deepspeed_cpu_ops`)."""
+    result = build_deepspeed_cpu_ops()
+    assert result.returncode == 0, result.stdout[-3000:]
 
 
 def torchrun_cmd(config: Path, *extra: str) -> list[str]:
@@ -162,7 +150,7 @@ def check_zero3_gather(checkpoint: Path) -> None:
 # ------------------------------------------------------------------------------------------------------ 1. torchrun
 @pytest.mark.parametrize(
     ("name", "extra", "zero_stage"),
-    [("zero3", ("--deepspeed", ZERO3), 3), ("zero2", ("--deepspeed", ZERO2), 2), ("ddp", (), None)],
+    [("zero2", ("--deepspeed", ZERO2), 2), ("ddp", (), None)],
 )
 def test_torchrun(tiny_model, tmp_path, deepspeed_cpu_ops, name, extra, zero_stage):
     """`torchrun --nproc_per_node 2 -m vlm_grpo.train CONFIG.yaml [--deepspeed local_scripts/zeroN.json]`."""
@@ -203,34 +191,6 @@ def test_zero3_reference_model_is_the_vlm_sharded_like_the_policy(tiny_model, tm
         assert ref["local_numel"] < ref["full_numel"] * 0.75, (
             f"rank {rank}: reference model not sharded: {ref}"
         )
-
-
-# ------------------------------------------------------------- 4. one rank text-only, the other image-only (ZeRO-3)
-# With shuffle_dataset: false the prompts are taken in dataset order. TRL 1.16's RepeatSampler yields, per
-# generation batch, generation_batch_size / num_generations = (2 per device x 2 ranks x 1 step) / 2 = 2 consecutive
-# prompts, each repeated num_generations = 2 times: [0, 0, 1, 1], then [2, 2, 3, 3]. The dataloader batches them by
-# per_device_train_batch_size (2) and accelerate hands batch k to rank k % 2 (BatchSamplerShard, split_batches off):
-# rank 0 gets [0, 0] then [2, 2], rank 1 gets [1, 1] then [3, 3]. So with text-only prompts at even positions and
-# image prompts at odd ones, rank 0 never sees an image and rank 1 never sees a text-only prompt. The probe reward
-# records what each rank actually received and the test asserts it.
-MIXED = ["text", "image", "text", "image"]
-
-
-def test_zero3_text_only_rank_and_image_rank(tiny_model, tmp_path, deepspeed_cpu_ops):
-    """Under ZeRO-3 a rank whose batch has no image must still take part in the vision tower's all-gathers."""
-    model = tiny_model("qwen2_vl")
-    run, out, probe = train(tmp_path, model, accelerate_cmd, layout=MIXED)
-    # The split is checked first: if the run hung, the probe still shows what each rank got before it hung.
-    for rank, records in probe.items():
-        for record in records:
-            expected = "text" if rank == 0 else "image"
-            assert record["ids"] is not None, record
-            kinds = {MIXED[i] for i in record["ids"]}
-            assert kinds == {expected}, (
-                f"rank {rank} got rows {record['ids']} ({kinds}), expected only {expected}"
-            )
-            assert all((n > 0) == (rank == 1) for n in record["num_images"]), record
-    check_run(run, out, probe, model, zero_stage=3)
 
 
 # ---------------------------------------------------------------------------------------- 5. train_grpo.sh, 1 node
