@@ -11,6 +11,10 @@ and both ranks' files in the step-2 checkpoint; a `checkpoint-2/model.safetensor
 `AutoModelForImageTextToText.from_pretrained` loads with no missing key (under ZeRO-3: the 16-bit gather on save,
 checked against the fp32 weights consolidated from the ZeRO shards).
 
+`test_zero3_text_only_rank_and_image_rank` puts only text prompts on rank 0 and only image prompts on rank 1; it
+fails (collective mismatch, or a hang killed at the timeout) while the text-only rank skips the vision tower's ZeRO-3
+parameter all-gathers that the image rank runs in the training forward.
+
 Run them alone with `pytest -m distributed tests/test_distributed.py`; `-m "not distributed"` skips them.
 """
 
@@ -37,6 +41,7 @@ from dist_helpers import (
 pytestmark = pytest.mark.distributed
 
 ZERO2 = "local_scripts/zero2.json"
+ZERO3 = "local_scripts/zero3.json"
 IMAGES = ["image"] * 8
 
 
@@ -150,10 +155,14 @@ def check_zero3_gather(checkpoint: Path) -> None:
 # ------------------------------------------------------------------------------------------------------ 1. torchrun
 @pytest.mark.parametrize(
     ("name", "extra", "zero_stage"),
-    [("zero2", ("--deepspeed", ZERO2), 2), ("ddp", (), None)],
+    [("zero3", ("--deepspeed", ZERO3), 3), ("zero2", ("--deepspeed", ZERO2), 2), ("ddp", (), None)],
 )
 def test_torchrun(tiny_model, tmp_path, deepspeed_cpu_ops, name, extra, zero_stage):
-    """`torchrun --nproc_per_node 2 -m vlm_grpo.train CONFIG.yaml [--deepspeed local_scripts/zeroN.json]`."""
+    """`torchrun --nproc_per_node 2 -m vlm_grpo.train CONFIG.yaml [--deepspeed local_scripts/zeroN.json]`.
+
+    zero3: `from_pretrained` runs under `deepspeed.zero.Init`, whose DeepSpeed config must see both processes
+    (with `use_cpu` the process group is made by accelerate, not DeepSpeed; see `vlm_grpo.train.init_deepspeed_comm`).
+    """
     model = tiny_model("qwen2_vl")
     run, out, probe = train(tmp_path, model, lambda config: torchrun_cmd(config, *extra))
     check_run(run, out, probe, model, zero_stage)
@@ -193,20 +202,52 @@ def test_zero3_reference_model_is_the_vlm_sharded_like_the_policy(tiny_model, tm
         )
 
 
-# ---------------------------------------------------------------------------------------- 5. train_grpo.sh, 1 node
-def test_train_grpo_sh_single_node_ddp(tiny_model, tmp_path):
-    """`NPROC_PER_NODE=2 DEEPSPEED= bash local_scripts/train_grpo.sh CONFIG.yaml --field value` (plain DDP)."""
+# ---------------------------------------------------------------------------------------- 4. train_grpo.sh, 1 node
+@pytest.mark.parametrize(
+    ("name", "extra", "zero_stage"), [("ddp", (), None), ("zero3", ("--deepspeed", ZERO3), 3)]
+)
+def test_train_grpo_sh_single_node(tiny_model, tmp_path, deepspeed_cpu_ops, name, extra, zero_stage):
+    """`NPROC_PER_NODE=2 DEEPSPEED= bash local_scripts/train_grpo.sh CONFIG.yaml --field value [--deepspeed ...]`:
+    plain DDP, and ZeRO-3 asked for by a flag that the script forwards."""
     model = tiny_model("qwen2_vl")
     port = str(free_port())
     env = {"NPROC_PER_NODE": "2", "MASTER_PORT": port, "DEEPSPEED": ""}
+    script = str(ROOT / "local_scripts" / "train_grpo.sh")
     run, out, probe = train(
         tmp_path,
         model,
-        lambda config: ["bash", str(ROOT / "local_scripts" / "train_grpo.sh"), str(config), "--seed", "1"],
+        lambda config: ["bash", script, str(config), "--seed", "1", *extra],
         env_extra=env,
     )
-    check_run(run, out, probe, model, zero_stage=None)
+    check_run(run, out, probe, model, zero_stage=zero_stage)
     import torch
 
     # The flag after the config reached the trainer through the script.
     assert torch.load(out / "training_args.bin", weights_only=False).seed == 1
+
+
+# ------------------------------------------------------------- 5. ZeRO-3: a text-only rank beside an image rank
+def test_zero3_text_only_rank_and_image_rank(tiny_model, tmp_path, deepspeed_cpu_ops):
+    """Under ZeRO-3 every rank must run the same parameter all-gathers. Rows alternate text, image (not shuffled),
+    so with one prompt per rank and step, rank 0 holds only text prompts and rank 1 only image prompts at both
+    steps; the vision tower runs on rank 1 only. The run must still complete and pass the usual checks.
+
+    Expected to fail until the trainer makes the text-only rank take part in the vision tower's gathers: the
+    first training forward (policy log-probs in `compute_loss`; generation gathers the whole model) desyncs,
+    rank 1 all-gathering a vision parameter while rank 0 all-gathers a language-model one (gloo aborts rank 0 with
+    "Received data size doesn't match expected size"; with TORCH_DISTRIBUTED_DEBUG=DETAIL: "Detected mismatch
+    between collectives"). A hang instead is killed at RUN_TIMEOUT.
+    """
+    model = tiny_model("qwen2_vl")
+    run, out, probe = train(
+        tmp_path,
+        model,
+        accelerate_cmd,
+        layout=["text", "image", "text", "image"],
+        env_extra={"PYTHONFAULTHANDLER": "1"},  # a rank aborted by gloo prints its Python stack
+    )
+    # The layout the test is about: each rank wrote its rows' image counts from inside the run (step 0 at least,
+    # which is after generation), rank 0 only text rows, rank 1 only image rows.
+    images = {rank: sorted({n for r in records for n in r["num_images"]}) for rank, records in probe.items()}
+    assert images == {0: [0], 1: [1]}, f"images per row on each rank: {images}\n" + run.tail()
+    check_run(run, out, probe, model, zero_stage=3)

@@ -24,6 +24,10 @@ class VLMGRPOConfig(GRPOConfig):
         max_pixels (`int | None`, defaults to None): upper bound on pixels per image; larger images are resized
             down, keeping their aspect ratio (Qwen-VL).
         max_tiles (`int | None`, defaults to None): most tiles per image (InternVL).
+        share_prompt_prefix (`bool`, defaults to True): run each group's prompt (image included) once and share its
+            KV cache across the G completions, in generation and in every log-prob pass (old, reference, policy).
+            Exact: log-probs match full forwards within float rounding. The policy's training forward falls back to
+            full rows under gradient checkpointing, which drops KV caches.
         log_samples_steps (`int`, defaults to 50): every this many steps, write the step's prompts, image paths,
             completions, rewards and advantages to `output_dir/samples/step_NNNNNN.jsonl`; 0 turns it off.
     """
@@ -40,6 +44,10 @@ class VLMGRPOConfig(GRPOConfig):
         metadata={"help": "Maximum pixels per image; larger images are resized down (Qwen-VL family)."},
     )
     max_tiles: int | None = field(default=None, metadata={"help": "Maximum tiles per image (InternVL)."})
+    share_prompt_prefix: bool = field(
+        default=True,
+        metadata={"help": "Compute each group's prompt once and share its KV cache across the G completions."},
+    )
     log_samples_steps: int = field(
         default=50,
         metadata={

@@ -84,10 +84,38 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOC
     return script_args, training_args, model_args
 
 
+def init_deepspeed_comm(training_args: VLMGRPOConfig) -> None:
+    """Register the launcher's process group with DeepSpeed's communication layer before any model is loaded.
+
+    DeepSpeed reads the world size from its own backend object (`deepspeed.comm`), not from `torch.distributed`.
+    On GPU, `TrainingArguments` creates the process group through `deepspeed.init_distributed`. With `use_cpu`,
+    accelerate's `PartialState(cpu=True)` skips that branch and calls `torch.distributed.init_process_group`
+    directly, so `deepspeed.comm` has no backend yet when `from_pretrained` enters `deepspeed.zero.Init` (ZeRO-3):
+    its `DeepSpeedConfig` then falls back to world_size 1 and rejects the batch sizes that `TrainingArguments`
+    computed for the real world size ("train_batch_size ... 4 != 2 * 1 * 1"). Here the existing group is wrapped
+    (never a new one); a no-op without DeepSpeed, without a process group, or when DeepSpeed already has one.
+    """
+    if training_args.deepspeed_plugin is None:
+        return
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    from deepspeed import comm as ds_comm
+
+    if not ds_comm.is_initialized():
+        ds_comm.init_distributed(
+            dist_backend=torch.distributed.get_backend(),
+            auto_mpi_discovery=False,
+            timeout=training_args.ddp_timeout_delta,
+        )
+
+
 def run(
     script_args: ScriptArguments, training_args: VLMGRPOConfig, model_args: VLMModelConfig
 ) -> VLMGRPOTrainer:
     """Train with parsed arguments and save the model (or adapter) and processor to `output_dir`."""
+    # Parsing built `training_args`, which set up the process group (its DeepSpeed config uses the world size);
+    # DeepSpeed must see that group before the model is loaded under ZeRO-3.
+    init_deepspeed_comm(training_args)
     train_dataset = load_data_config(script_args.data_config, seed=training_args.seed)
     eval_dataset = None
     if script_args.eval_data_config:

@@ -32,6 +32,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import (
     add_fused_lm_head,
+    split_tensor_dict,
     disable_dropout_in_model,
     get_callable_name,
     is_async_callable,
@@ -48,6 +49,7 @@ from .models import EncodedPrompt, VLMModule, get_vlm_module
 from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
 from .reward_guard import guard_reward
 from .samples import samples_path, write_samples
+from .shared_prefix import group_chunks, find_groups, shared_prefix_generate, shared_prefix_logps, shuffle_groups
 
 
 def _prompt_images(example: dict[str, Any]) -> list[Any]:
@@ -316,6 +318,20 @@ class VLMGRPOTrainer(GRPOTrainer):
             "per prompt, or lower max_completion_length."
         )
 
+    def _base_model(self, model: torch.nn.Module) -> PreTrainedModel:
+        """The transformers model under any DDP/DeepSpeed wrapper and PEFT adapter."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        return unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
+
+    def _shares_prefix(self, compute_aux_loss: bool = False) -> bool:
+        """Whether this pass runs each group's prompt once (see `shared_prefix`).
+
+        Gradient checkpointing drops KV caches, so a forward that builds a graph under it runs full rows instead.
+        """
+        if not self.args.share_prompt_prefix or compute_aux_loss:
+            return False
+        return not (torch.is_grad_enabled() and self.args.gradient_checkpointing)
+
     def _model_inputs(
         self,
         model: torch.nn.Module,
@@ -332,7 +348,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         device = self.accelerator.device
         prompt_ids = pad([torch.tensor(ids) for ids in prompt_ids_list], self._tokenizer.pad_token_id, "left")
         prompt_mask = pad([torch.ones(len(ids), dtype=torch.long) for ids in prompt_ids_list], 0, "left")
-        inputs = self._model_inputs(self.model, prompt_ids.to(device), prompt_mask.to(device), mm_list)
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         with (
             profiling_context(self, "transformers.generate"),
             unwrap_model_for_generation(
@@ -344,7 +360,19 @@ class VLMGRPOTrainer(GRPOTrainer):
             ) as unwrapped_model,
             torch.no_grad(),
         ):
-            output = unwrapped_model.generate(**inputs, generation_config=self.generation_config)
+            if self._shares_prefix():
+                output = shared_prefix_generate(
+                    unwrapped_model,
+                    self._base_model(unwrapped_model),
+                    self.vlm_module,
+                    prompt_ids,
+                    prompt_mask,
+                    mm_list,
+                    generation_config=self.generation_config,
+                )
+            else:
+                inputs = self._model_inputs(self.model, prompt_ids, prompt_mask, mm_list)
+                output = unwrapped_model.generate(**inputs, generation_config=self.generation_config)
         completion_ids = output[:, prompt_ids.size(1) :].cpu()  # [B, C]
         is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids))
         lengths = torch.where(
@@ -377,6 +405,10 @@ class VLMGRPOTrainer(GRPOTrainer):
             )
         mm_inputs = self._active_mm_inputs if mm_inputs is None else mm_inputs
         batch_size = batch_size or input_ids.size(0)
+        if self._shares_prefix(compute_aux_loss):
+            return self._shared_prefix_logps(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, mm_inputs
+            )
         all_logps, all_entropies, all_aux = [], [], []
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
@@ -398,6 +430,45 @@ class VLMGRPOTrainer(GRPOTrainer):
         entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
         aux_loss = torch.stack(all_aux).mean() if compute_aux_loss else None
         return logps, entropies, aux_loss
+
+    def _shared_prefix_logps(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, mm_inputs
+    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        """`_get_per_token_logps_and_entropies` with each group's prompt run once, in chunks of whole groups."""
+        base_model = self._base_model(model)
+        prompt_ids = input_ids[:, : input_ids.size(1) - logits_to_keep]  # [B, P]
+        groups = find_groups(prompt_ids, mm_inputs)
+        all_logps, all_entropies = [], []
+        for start, end in group_chunks(groups.index, batch_size):
+            with self.accelerator.autocast():
+                logps, entropies = shared_prefix_logps(
+                    model,
+                    base_model,
+                    self.vlm_module,
+                    input_ids[start:end],
+                    attention_mask[start:end],
+                    logits_to_keep,
+                    mm_inputs[start:end],
+                    compute_entropy,
+                )
+            all_logps.append(logps)  # [b, C]
+            all_entropies.append(entropies)
+        entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
+        return torch.cat(all_logps, dim=0), entropies, None
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's buffering of a generation batch, but shuffled by whole groups so that micro-batches keep them.
+
+        A micro-batch then holds complete groups whenever group sizes divide it, and each group's prompt is computed
+        once per pass (see `shared_prefix`). Evaluation is unchanged.
+        """
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            batch = shuffle_groups(self._generate_and_score_completions(generation_batch))
+            self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     def _compute_loss(self, model, inputs):
         """TRL's GRPO loss; the forward reads this batch's per-sample image tensors."""

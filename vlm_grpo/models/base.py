@@ -226,6 +226,45 @@ class VLMModule:
             inputs.update(self.token_type_inputs(input_ids, model_config))
         return inputs
 
+    # -------------------------------------------------------------------------------------------- positions
+    def position_ids(
+        self,
+        model: PreTrainedModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mm_list: Sequence[dict[str, torch.Tensor]],
+        generation: bool = False,
+    ) -> torch.Tensor | None:
+        """Position ids of full rows, for running a prompt and its completions in two calls over a KV cache.
+
+        Both calls must see the positions one full pass would: a full forward counts tokens (None: the model's
+        default, which two calls over a cache reproduce by themselves); `generate` counts only unpadded tokens
+        (`attention_mask` cumsum), and the prefill computed outside it must agree.
+
+        Args:
+            model (`PreTrainedModel`): the unwrapped transformers model.
+            input_ids (`torch.Tensor`): `[B, L]`.
+            attention_mask (`torch.Tensor`): `[B, L]`.
+            mm_list (`Sequence[dict]`): the B per-sample image dicts.
+            generation (`bool`, defaults to False): positions as `generate` computes them.
+        """
+        if not generation:
+            return None
+        positions = attention_mask.long().cumsum(-1) - 1  # [B, L]
+        return positions.masked_fill(attention_mask == 0, 0)
+
+    def prepare_generation_from_cache(
+        self,
+        model: PreTrainedModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mm_list: Sequence[dict[str, torch.Tensor]],
+    ) -> None:
+        """Set the state `generate` reads when it continues from a prompt cache computed elsewhere. None by default.
+
+        Args are those of `position_ids`, for the `[B, P]` prompts about to be continued.
+        """
+
     # ---------------------------------------------------------------------------------------------- modules
     def is_vision_module(self, name: str) -> bool:
         """Whether a module or parameter name belongs to the vision tower or the projector."""

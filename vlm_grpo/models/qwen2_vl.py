@@ -7,6 +7,7 @@ Images become a flat sequence of patches (`pixel_values` `[N_patches, C*T*P*P]`)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -65,3 +66,49 @@ class Qwen2VLModule(VLMModule):
         types = (input_ids == model_config.image_token_id).long()
         types = types + 2 * (input_ids == model_config.video_token_id).long()
         return {"mm_token_type_ids": types}
+
+    def _rope_index(
+        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mm_list: Sequence[dict]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`(position_ids [3, B, L], rope_deltas [B, 1])` from the model's own M-RoPE rule; None without images."""
+        mm = self.collate(mm_list)
+        if "image_grid_thw" not in mm:
+            return None
+        types = self.token_type_inputs(input_ids, model.config)["mm_token_type_ids"]
+        return model.model.get_rope_index(
+            input_ids,
+            mm_token_type_ids=types,
+            image_grid_thw=mm["image_grid_thw"].to(input_ids.device),
+            attention_mask=attention_mask,
+        )
+
+    def position_ids(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mm_list: Sequence[dict],
+        generation: bool = False,
+    ) -> torch.Tensor | None:
+        """M-RoPE positions `[3, B, L]` of full rows, as the model computes them (see `VLMModule.position_ids`).
+
+        Always explicit: with a KV cache and no positions, the model would reuse `rope_deltas` left over from an
+        earlier `generate`. Text-only batches count tokens (`generate`: unpadded tokens), as the model does.
+        """
+        rope = self._rope_index(model, input_ids, attention_mask, mm_list)
+        if rope is not None:
+            return rope[0]
+        positions = super().position_ids(model, input_ids, attention_mask, mm_list, generation)
+        if positions is None:
+            positions = torch.arange(input_ids.size(1), device=input_ids.device).expand_as(input_ids)
+        return positions.unsqueeze(0).expand(3, -1, -1)
+
+    def prepare_generation_from_cache(
+        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mm_list: Sequence[dict]
+    ) -> None:
+        """`generate` places new tokens at text position + `model.model.rope_deltas` `[B, 1]`: set them for these rows."""
+        rope = self._rope_index(model, input_ids, attention_mask, mm_list)
+        deltas = None if rope is None else rope[1]
+        if deltas is None:
+            deltas = torch.zeros(input_ids.size(0), 1, dtype=torch.long, device=input_ids.device)
+        model.model.rope_deltas = deltas.to(input_ids.device)

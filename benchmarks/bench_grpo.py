@@ -1,0 +1,359 @@
+"""Step time, throughput and peak memory of stock `trl.GRPOTrainer` vs `vlm_grpo.VLMGRPOTrainer`.
+
+    .venv/bin/python benchmarks/bench_grpo.py --steps 5 --warmup 1 --shape both
+
+(`--smoke --steps 1` checks the script in under a minute; `--scale large --device cuda` for a GPU run;
+`--no-share` turns `share_prompt_prefix` off in VLMGRPOConfig, when that field exists.)
+
+One randomly initialised Qwen2-VL (built offline, saved once with its processor) is trained by both trainers with
+the same data, seed and config (fp32, beta 0, one group of G completions per optimizer step, completion lengths
+forced with `min_new_tokens`). Both `train()` calls run in their own thread but strictly take turns: stock step,
+ours step, stock step, ... so machine noise hits both alike. A step is timed from `on_step_begin` to `on_step_end`
+(generation, forward, backward and optimizer step). Shapes:
+  long_prompt:  one 448x448 image (256 visual tokens) + a question, G=8, 32 completion tokens;
+  short_prompt: one 56x56 image (4 visual tokens) + a question, G=4, 64 completion tokens.
+Columns: tok/step and prompt/sample come from each trainer's logged `num_tokens`, completion lengths from its
+`completions/*_length` (a WARNING is printed unless all equal the target), and "ViT patches/step" counts rows
+entering the vision tower (a forward hook), which shows how often each trainer encodes the images.
+The last two lines are `ratio long_prompt: X` and `ratio short_prompt: Y` (ours / stock median step time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import gc
+import statistics
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from datasets import Dataset
+from PIL import Image
+from transformers import (
+    PrinterCallback,
+    ProgressCallback,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen2VLImageProcessor,
+    Qwen2VLProcessor,
+    Qwen2VLVideoProcessor,
+    TrainerCallback,
+)
+from transformers.utils import logging as hf_logging
+from trl import GRPOConfig, GRPOTrainer
+
+from vlm_grpo.config import VLMGRPOConfig
+from vlm_grpo.testing._common import TokenizerSpec, build_word_tokenizer, save_all, seeded, token_id
+from vlm_grpo.testing.qwen import QWEN_CHAT_TEMPLATE, QWEN_NAMED_TOKENS, QWEN_SPECIAL_TOKENS
+from vlm_grpo.trainer import VLMGRPOTrainer
+
+# Model dims per scale. small: compute dominates Python overhead on 2 CPU cores (~12M text + ~3M vision params);
+# large: a GPU run (~270M text-layer params, a 1024-token image). vocab: extra words so the LM head costs ~10-15% of
+# the text tower, as in real Qwen2-VL.
+SCALES = {
+    "smoke": dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vis_dim=32, vis_depth=1, vis_heads=2,
+                  extra_vocab=0, long_side=448),
+    "small": dict(hidden=512, layers=4, heads=8, kv_heads=2, inter=1536, vis_dim=256, vis_depth=4, vis_heads=4,
+                  extra_vocab=4096, long_side=448),
+    "large": dict(hidden=1536, layers=8, heads=12, kv_heads=2, inter=6144, vis_dim=1024, vis_depth=8,
+                  vis_heads=16, extra_vocab=32768, long_side=896),
+}  # fmt: skip
+SHAPES = {"long": ("long_prompt", 8, 32), "short": ("short_prompt", 4, 64)}  # name, G, completion tokens
+SHORT_SIDE = 56
+QUESTION = {
+    "long_prompt": "Describe the image . What color is the square and where is it : top left , top right , "
+    "bottom left or bottom right ? Give one short answer .",
+    "short_prompt": "What color is the square ?",
+}
+
+
+def build_model(out_dir: Path, dims: dict, image_side: int, seed: int) -> str:
+    """A random Qwen2-VL with a word-level tokenizer; the processor keeps `image_side`^2 images unresized."""
+    words = [f"w{i}" for i in range(dims["extra_vocab"])]
+    spec = TokenizerSpec(QWEN_SPECIAL_TOKENS, dict(QWEN_NAMED_TOKENS))
+    tok = build_word_tokenizer(spec, words, QWEN_CHAT_TEMPLATE)
+    ids = {t: token_id(tok, t) for t in QWEN_SPECIAL_TOKENS}
+    pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
+    size = {"shortest_edge": 28 * 28, "longest_edge": image_side * image_side}
+    proc_kwargs = dict(size=size, patch_size=14, temporal_patch_size=2, merge_size=2)
+    processor = Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**proc_kwargs),
+        video_processor=Qwen2VLVideoProcessor(**proc_kwargs),
+        tokenizer=tok,
+        chat_template=QWEN_CHAT_TEMPLATE,
+    )
+    half = dims["hidden"] // dims["heads"] // 2
+    hw = half * 3 // 8  # Qwen2-VL's 2:3:3 M-RoPE split, summing to head_dim / 2
+    text_config = dict(
+        vocab_size=len(tok), hidden_size=dims["hidden"], intermediate_size=dims["inter"],
+        num_hidden_layers=dims["layers"], num_attention_heads=dims["heads"],
+        num_key_value_heads=dims["kv_heads"], max_position_embeddings=4096, pad_token_id=pad_id,
+        bos_token_id=pad_id, eos_token_id=eos_id,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [half - 2 * hw, hw, hw]},
+    )  # fmt: skip
+    vision_config = dict(
+        depth=dims["vis_depth"], embed_dim=dims["vis_dim"], num_heads=dims["vis_heads"], mlp_ratio=4,
+        hidden_size=dims["hidden"], in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+    )  # fmt: skip
+    config = Qwen2VLConfig(
+        text_config=text_config, vision_config=vision_config, image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )  # fmt: skip
+    with seeded(seed):
+        model = Qwen2VLForConditionalGeneration(config).float().eval()
+    n_params = sum(p.numel() for p in model.parameters())
+    save_all(out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None)  # fmt: skip
+    return f"{n_params / 1e6:.1f}M params, vocab {len(tok)}"
+
+
+def build_dataset(shape: str, side: int, n: int = 16, seed: int = 0) -> Dataset:
+    """`n` rows: a conversational prompt with an image placeholder, and a random noise image of `side` px."""
+    rng = np.random.default_rng(seed)
+    images = [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(n)]
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION[shape]}]}]
+    return Dataset.from_dict({"prompt": [prompt] * n, "image": images})
+
+
+def length_reward(completions, **kwargs) -> list[float]:
+    """Trivial shared reward: characters in the completion / 100."""
+    return [len(c[0]["content"]) / 100.0 for c in completions]
+
+
+class HeapMeter:
+    """Peak memory in use during a step: CUDA allocator stats, or glibc `mallinfo2()` sampled every ~1 ms on CPU."""
+
+    class _MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+            "keepcost")]  # fmt: skip
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.method = "torch.cuda.max_memory_allocated - memory_allocated at step begin"
+        if cuda:
+            return
+        self._mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+        self._mallinfo2.restype = HeapMeter._MallInfo2
+        self.method = "glibc mallinfo2 (uordblks + hblkhd) sampled every 1 ms, peak - value at step begin"
+        self._lock = threading.Lock()
+        self._base = self._peak = self.now()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def now(self) -> int:
+        info = self._mallinfo2()
+        return info.uordblks + info.hblkhd
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            value = self.now()
+            with self._lock:
+                self._peak = max(self._peak, value)
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._base = torch.cuda.memory_allocated()
+            return
+        with self._lock:
+            self._base = self._peak = self.now()
+
+    def peak(self) -> int:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - self._base
+        with self._lock:
+            return max(self._peak, self.now()) - self._base
+
+    def close(self) -> None:
+        if not self.cuda:
+            self._stop.set()
+
+
+class Turns:
+    """Lets named threads run one at a time, in turn; a finished thread drops out of the rotation."""
+
+    def __init__(self, names: list[str]):
+        self.cond, self.names, self.turn, self.done = threading.Condition(), names, names[0], set()
+        self.order: list[str] = []  # who ran each step, to show the alternation
+
+    def _others(self, me: str) -> list[str]:
+        return [n for n in self.names if n != me and n not in self.done]
+
+    def wait(self, me: str) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.turn == me)
+
+    def pass_turn(self, me: str) -> None:
+        with self.cond:
+            self.order.append(me)
+            if self._others(me):
+                self.turn = self._others(me)[0]
+                self.cond.notify_all()
+                self.cond.wait_for(lambda: self.turn == me)
+
+    def finish(self, me: str) -> None:
+        with self.cond:
+            self.done.add(me)
+            if self._others(me):
+                self.turn = self._others(me)[0]
+            self.cond.notify_all()
+
+
+class StepRecorder(TrainerCallback):
+    """Times each optimizer step and its peak memory, keeps the logged metrics, then hands the turn over."""
+
+    def __init__(self, name: str, turns: Turns, meter: HeapMeter, cuda: bool):
+        self.name, self.turns, self.meter, self.cuda = name, turns, meter, cuda
+        self.times, self.peaks, self.logs, self.patches = [], [], [], []
+        self.vision_rows = 0  # patch rows through the vision tower, counted by a forward hook
+
+    def count_vision(self, module, args, kwargs) -> None:
+        pixels = kwargs.get("hidden_states", args[0] if args else None)
+        self.vision_rows += 0 if pixels is None else pixels.shape[0]
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.vision_rows = 0
+        self.meter.reset()
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.times.append(time.perf_counter() - self.start)
+        self.peaks.append(self.meter.peak())
+        self.patches.append(self.vision_rows)
+        self.turns.pass_turn(self.name)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "num_tokens" in logs:
+            self.logs.append(dict(logs))
+
+
+def make_trainer(kind: str, model_dir: str, dataset: Dataset, common: dict, no_share: bool):
+    if kind == "stock":
+        return GRPOTrainer(model=model_dir, reward_funcs=length_reward, args=GRPOConfig(**common),
+                           train_dataset=dataset)  # fmt: skip
+    fields = {f.name for f in dataclasses.fields(VLMGRPOConfig)}
+    extra = {"log_samples_steps": 0} if "log_samples_steps" in fields else {}  # no sample files, like stock
+    if no_share and "share_prompt_prefix" in fields:
+        extra["share_prompt_prefix"] = False
+    args = VLMGRPOConfig(**common, **extra)
+    return VLMGRPOTrainer(model=model_dir, reward_funcs=length_reward, args=args, train_dataset=dataset)
+
+
+def report(name: str, rec: StepRecorder, G: int, length: int, warmup: int) -> float:
+    """Print one table row from the measured steps (after `warmup`); return the median step time."""
+    times, peaks, patches, logs = rec.times[warmup:], rec.peaks[warmup:], rec.patches[warmup:], rec.logs
+    cumulative = [0] + [log["num_tokens"] for log in logs]  # prompt + completion tokens, as each trainer logs
+    tokens = statistics.median([b - a for a, b in zip(cumulative[:-1], cumulative[1:])][warmup:])
+    lengths = {k: [log[f"completions/{k}_length"] for log in logs[warmup:]] for k in ("min", "mean", "max")}
+    cmin, cmean, cmax = min(lengths["min"]), statistics.mean(lengths["mean"]), max(lengths["max"])
+    median = statistics.median(times)
+    print(f"{name:<8}{median:>10.3f}{min(times):>8.3f}{max(times):>8.3f}{tokens:>10.0f}{tokens / median:>9.0f}"
+          f"{max(peaks) / 2**20:>10.1f}{tokens / G - cmean:>15.1f}{f'{cmin:.0f} / {cmean:.1f} / {cmax:.0f}':>26}"
+          f"{statistics.median(patches):>18.0f}")  # fmt: skip
+    if not cmin == cmax == length:
+        print(f"WARNING: {name} completions are not all {length} tokens long")
+    return median
+
+
+def run_shape(key: str, opts, dims: dict, meter: HeapMeter, cuda: bool, work: Path) -> float:
+    shape, G, length = SHAPES[key]
+    side = dims["long_side"] if key == "long" else SHORT_SIDE
+    model_dir = work / shape
+    desc = build_model(model_dir, dims, side, opts.seed)
+    dataset = build_dataset(shape, side, seed=opts.seed)
+    common = dict(
+        output_dir=str(work / f"out_{shape}"), per_device_train_batch_size=G, num_generations=G,
+        gradient_accumulation_steps=1, max_completion_length=length, generation_kwargs={"min_new_tokens": length},
+        beta=0.0, learning_rate=1e-5, max_steps=opts.warmup + opts.steps, logging_steps=1, report_to="none",
+        save_strategy="no", seed=opts.seed, use_cpu=not cuda, bf16=False, fp16=False, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )  # fmt: skip
+    names = ["stock", "ours"]
+    turns, recorders, errors, trainers = Turns(names), {}, {}, {}
+    for name in names:
+        trainers[name] = make_trainer(name, str(model_dir), dataset, common, opts.no_share)
+        for cb in (PrinterCallback, ProgressCallback):
+            trainers[name].remove_callback(cb)
+        recorders[name] = StepRecorder(name, turns, meter, cuda)
+        trainers[name].add_callback(recorders[name])
+        visual = trainers[name].accelerator.unwrap_model(trainers[name].model).model.visual
+        visual.register_forward_pre_hook(recorders[name].count_vision, with_kwargs=True)
+    share = getattr(trainers["ours"].args, "share_prompt_prefix", "n/a (no such field)")
+
+    def worker(name: str) -> None:
+        turns.wait(name)
+        try:
+            trainers[name].train()
+        except BaseException as exc:  # re-raised in the main thread
+            errors[name] = exc
+        finally:
+            turns.finish(name)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise next(iter(errors.values()))
+
+    print(f"\n== {shape}: G={G}, {length} completion tokens, {side}x{side} image, model {desc}, "
+          f"share_prompt_prefix={share}\nstep order: {' '.join(turns.order)}")  # fmt: skip
+    print(f"{'trainer':<8}{'median s':>10}{'min s':>8}{'max s':>8}{'tok/step':>10}{'tok/s':>9}{'peak MiB':>10}"
+          f"{'prompt/sample':>15}{'completion min/mean/max':>26}{'ViT patches/step':>18}")  # fmt: skip
+    medians = {name: report(name, recorders[name], G, length, opts.warmup) for name in names}
+    trainers.clear()
+    gc.collect()
+    return medians["ours"] / medians["stock"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--steps", type=int, default=5, help="measured steps per trainer per shape")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per trainer first")
+    parser.add_argument("--shape", choices=["long", "short", "both"], default="both")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
+    parser.add_argument("--scale", choices=["small", "large"], default="small", help="large: for a GPU run")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, to check the script quickly")
+    parser.add_argument("--no-share", action="store_true", help="VLMGRPOConfig(share_prompt_prefix=False)")
+    parser.add_argument("--seed", type=int, default=0)
+    opts = parser.parse_args()
+    if opts.steps < 1 or opts.warmup < 0:
+        parser.error("--steps must be >= 1 and --warmup >= 0")
+    cuda = opts.device == "cuda" or (opts.device is None and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        parser.error("--device cuda but CUDA is not available")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    dims = SCALES["smoke" if opts.smoke else opts.scale]
+    meter = HeapMeter(cuda)
+    print(f"device: {'cuda ' + torch.cuda.get_device_name() if cuda else f'cpu, {torch.get_num_threads()} threads'}"
+          f"; scale: {'smoke' if opts.smoke else opts.scale}; steps: {opts.warmup} warm-up + {opts.steps} measured "
+          f"per trainer, alternating stock/ours\npeak memory: {meter.method}")  # fmt: skip
+    ratios = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_grpo_") as work:
+            for key in ("long", "short") if opts.shape == "both" else (opts.shape,):
+                ratios[SHAPES[key][0]] = run_shape(key, opts, dims, meter, cuda, Path(work))
+    finally:
+        meter.close()
+    print()
+    for shape, ratio in ratios.items():
+        print(f"ratio {shape}: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Shared-prefix passes (`share_prompt_prefix`) equal full passes on every family, and really compute prompts once.
+
+Each case compares the shared path with the unshared one on the same model and batch: per-token log-probs and
+entropies within 1e-5 (fp32), gradients within 1e-4 relative, greedy generation token for token with logits within
+1e-5, and 2 training steps from one seed giving parameters within 1e-5. Batches mix image and text-only prompts,
+completions of different lengths, and micro-batches smaller than the batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FAMILIES, color_rows, grpo_args, length_reward
+from datasets import Dataset
+from transformers import GenerationConfig
+from trl.trainer.utils import pad
+
+from vlm_grpo import VLMGRPOTrainer
+from vlm_grpo.shared_prefix import find_groups, group_chunks, shared_prefix_generate, shuffle_groups
+
+G = 3  # completions per prompt in the hand-built batches
+
+
+def make_trainer(path, tmp_path, **overrides) -> VLMGRPOTrainer:
+    rows = color_rows(6, text_only_every=3)
+    return VLMGRPOTrainer(
+        model=path,
+        reward_funcs=length_reward,
+        args=grpo_args(tmp_path, **overrides),
+        train_dataset=Dataset.from_list(rows),
+    )
+
+
+def rollout_batch(trainer: VLMGRPOTrainer, rows: list[dict], seed: int = 0):
+    """Rows repeated G times, encoded by the trainer, with random completions of 1 to 5 tokens."""
+    batch = [r for r in rows for _ in range(G)]
+    encoded = trainer._encode_examples(batch)
+    gen = torch.Generator().manual_seed(seed)
+    allowed = torch.tensor([i for i in range(60) if i not in trainer.placeholder_token_ids])
+    completions = [
+        allowed[torch.randint(0, len(allowed), (int(torch.randint(1, 6, (), generator=gen)),), generator=gen)]
+        for _ in batch
+    ]
+    pad_id = trainer._tokenizer.pad_token_id
+    prompt_ids = pad([torch.tensor(e.input_ids) for e in encoded], pad_id, "left")  # [B, P]
+    prompt_mask = pad([torch.ones(len(e.input_ids), dtype=torch.long) for e in encoded], 0, "left")
+    completion_ids = pad(completions, pad_id, "right")  # [B, C]
+    completion_mask = pad([torch.ones(len(c), dtype=torch.long) for c in completions], 0, "right")
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "input_ids": torch.cat([prompt_ids, completion_ids], 1),  # [B, P+C]
+        "attention_mask": torch.cat([prompt_mask, completion_mask], 1),
+        "completion_mask": completion_mask,
+        "mm": [e.mm for e in encoded],
+    }
+
+
+def logps_and_grads(trainer: VLMGRPOTrainer, batch: dict, share: bool):
+    trainer.args.share_prompt_prefix = share
+    model = trainer.model
+    model.zero_grad()
+    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["completion_mask"].size(1),
+        4,  # micro-batch rows: smaller than the batch of 18
+        compute_entropy=True,
+        mm_inputs=batch["mm"],
+    )
+    weights = torch.linspace(-1, 1, logps.numel()).view_as(logps)  # a loss that weights every token differently
+    (logps * weights * batch["completion_mask"]).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logps.detach(), entropies.detach(), grads
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logps_entropies_and_gradients_match_full_forward(family, tiny_model, tmp_path):
+    trainer = make_trainer(tiny_model(family), tmp_path)
+    batch = rollout_batch(trainer, color_rows(6, text_only_every=3))
+    full_logps, full_ent, full_grads = logps_and_grads(trainer, batch, share=False)
+    shared_logps, shared_ent, shared_grads = logps_and_grads(trainer, batch, share=True)
+
+    mask = batch["completion_mask"].bool()
+    assert torch.allclose(shared_logps[mask], full_logps[mask], atol=1e-5, rtol=0)
+    assert torch.allclose(shared_ent[mask], full_ent[mask], atol=1e-5, rtol=0)
+    assert (shared_logps[~mask] == 0).all()
+    assert set(shared_grads) == set(full_grads) and any(
+        trainer.vlm_module.is_vision_module(n) for n in shared_grads
+    )  # gradients reach the vision tower through the shared prompt
+    scale = max(g.abs().max().item() for g in full_grads.values())
+    for name, full in full_grads.items():
+        err = (shared_grads[name] - full).abs().max().item()
+        # The absolute term covers parameters whose true gradient is 0 (attention key biases: softmax ignores a
+        # constant shift), where both paths hold only rounding noise.
+        assert err <= 1e-4 * full.abs().max().item() + 1e-6 * scale, (name, err)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shared_prefix_generation_matches_generate(family, tiny_model, tmp_path):
+    trainer = make_trainer(tiny_model(family), tmp_path)
+    model = trainer.model.eval()
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=4,
+        min_new_tokens=4,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=trainer._tokenizer.pad_token_id,
+        suppress_tokens=trainer.placeholder_token_ids,
+    )
+    # image and text-only prompts mixed, then a batch of text-only prompts only (positions without images)
+    for rows in (color_rows(6, text_only_every=3), [color_rows(3, text_only_every=1)[i] for i in (0, 2)]):
+        batch = rollout_batch(trainer, rows)
+        ids, mask, mm = batch["prompt_ids"], batch["prompt_mask"], batch["mm"]
+        with torch.no_grad():
+            full = model.generate(**trainer._model_inputs(model, ids, mask, mm), generation_config=config)
+            shared = shared_prefix_generate(
+                model, model, trainer.vlm_module, ids, mask, mm, generation_config=config
+            )
+        assert torch.equal(shared.sequences, full.sequences)
+        for a, b in zip(shared.logits, full.logits, strict=True):
+            assert torch.allclose(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_training_steps_match_unshared(family, tiny_model, tmp_path):
+    """2 steps (2 micro-batches per generation, reference model, sampling) from one seed: same parameters.
+
+    Plain SGD, so that parameters follow gradients: Adam's first step is sign(g)*lr, which turns rounding noise on
+    gradients that are exactly 0 in theory into full-size differences.
+    """
+    params = {}
+    for share in (False, True):
+        trainer = make_trainer(
+            tiny_model(family),
+            tmp_path / str(share),
+            share_prompt_prefix=share,
+            per_device_train_batch_size=6,
+            num_generations=3,
+            steps_per_generation=2,
+            beta=0.1,
+            optim="sgd",
+            learning_rate=0.1,
+        )
+        trainer.train()
+        params[share] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    moved = max((params[True][n] - p).abs().max().item() for n, p in params[False].items())
+    assert moved <= 1e-5
+
+
+def test_prompt_tokens_run_once_per_group(tiny_model, tmp_path):
+    """Count what reaches the language model and the vision tower: shared = one prompt per group."""
+    trainer = make_trainer(tiny_model("qwen2_vl"), tmp_path)
+    batch = rollout_batch(trainer, color_rows(6, text_only_every=3))
+    model = trainer.model
+    counts = {"tokens": 0, "vision": 0}
+    h1 = model.model.language_model.embed_tokens.register_forward_hook(
+        lambda m, i, o: counts.__setitem__("tokens", counts["tokens"] + i[0].numel())
+    )
+    h2 = model.model.visual.register_forward_hook(  # patches through the vision tower
+        lambda m, i, o: counts.__setitem__("vision", counts["vision"] + i[0].size(0))
+    )
+    seen = {}
+    for share in (False, True):
+        counts.update(tokens=0, vision=0)
+        logps_and_grads(trainer, batch, share)
+        seen[share] = dict(counts)
+    h1.remove()
+    h2.remove()
+    B, L = batch["input_ids"].shape
+    P = batch["prompt_ids"].size(1)
+    C = L - P
+    groups = 6  # 6 prompts x G rows
+    assert seen[False]["tokens"] == B * L
+    assert seen[True]["tokens"] == groups * (P - 1) + B * (C + 1)
+    patches = sum(mm["pixel_values"].size(0) for mm in batch["mm"] if mm)  # every row's image patches
+    assert seen[False]["vision"] == patches
+    assert seen[True]["vision"] * G == patches  # each image once per group
+
+
+def test_find_groups_and_group_chunks():
+    ids = torch.tensor([[1, 2], [1, 2], [1, 3], [1, 3], [1, 3], [1, 2]])
+    a, b, c = {}, {}, {}
+    groups = find_groups(ids, [a, a, b, b, b, c])
+    assert groups.first.tolist() == [0, 2, 5] and groups.index.tolist() == [0, 0, 1, 1, 1, 2]
+    assert groups.sizes == [2, 3, 1]
+    # same ids but different image objects are different prompts
+    assert find_groups(ids[:2], [a, b]).first.tolist() == [0, 1]
+    assert group_chunks(groups.index, 4) == [(0, 2), (2, 6)]
+    assert group_chunks(groups.index, 2) == [(0, 2), (2, 5), (5, 6)]  # a group larger than the chunk stays whole
+    assert group_chunks(groups.index, 100) == [(0, 6)]
+
+
+def test_shuffle_groups_keeps_groups_together():
+    torch.manual_seed(0)
+    mms = [{} for _ in range(5)]
+    rows = [g for g in range(5) for _ in range(3)]
+    batch = {
+        "prompt_ids": torch.tensor([[g, g] for g in rows]),
+        "advantages": torch.tensor(rows, dtype=torch.float),
+        "mm_inputs": [mms[g] for g in rows],
+        "num_items_in_batch": torch.tensor(15),
+    }
+    out = shuffle_groups(batch)
+    order = out["prompt_ids"][:, 0].tolist()
+    assert sorted(order) == rows and order != rows
+    assert all(len(set(order[i : i + 3])) == 1 for i in range(0, 15, 3))
+    assert out["advantages"].tolist() == [float(g) for g in order]
+    assert all(mm is mms[g] for mm, g in zip(out["mm_inputs"], order, strict=True))
+    assert out["num_items_in_batch"].item() == 15

@@ -1,0 +1,164 @@
+"""vLLM payloads: raw images plus prompts with one unexpanded image placeholder per image (TRL issue #6294)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FAMILIES, color_rows, square_image
+from transformers import AutoConfig
+from trl.data_utils import prepare_multimodal_messages
+
+from vlm_grpo.models import get_vlm_module
+from vlm_grpo.vllm_payload import (
+    build_vllm_payload,
+    image_placeholder,
+    vllm_generate_kwargs,
+    vllm_prompt_inputs,
+)
+
+
+@pytest.fixture(scope="module")
+def family_setup(tiny_model):
+    """`family_setup(family) -> (module, processor, image_token_id)`, loaded once per family."""
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            path = tiny_model(family)
+            module = get_vlm_module(path)
+            cache[family] = (
+                module,
+                module.load_processor(path),
+                AutoConfig.from_pretrained(path).image_token_id,
+            )
+        return cache[family]
+
+    return get
+
+
+def expanded_ids(module, processor, row):
+    """The processor-expanded prompt ids the trainer trains on."""
+    images = row.get("images") or []
+    return module.encode_prompt(processor, prepare_multimodal_messages(row["prompt"], images=images), images)
+
+
+def collapse_runs(ids, token_id):
+    """`ids` with every run of `token_id` shrunk to one token."""
+    return [t for i, t in enumerate(ids) if t != token_id or i == 0 or ids[i - 1] != token_id]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("images_per_prompt", [1, 2])
+def test_one_placeholder_per_image(family, images_per_prompt, family_setup):
+    module, processor, image_token_id = family_setup(family)
+    rows = color_rows(3, images_per_prompt=images_per_prompt)
+    payload = build_vllm_payload(processor, rows)
+    token, token_id = image_placeholder(processor)
+    for row, text, ids in zip(rows, payload.texts, payload.prompt_ids, strict=True):
+        assert text.count(token) == images_per_prompt
+        assert ids.count(token_id) == images_per_prompt
+        assert ids == processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        expanded = expanded_ids(module, processor, row).input_ids
+        assert expanded.count(image_token_id) > 2 * images_per_prompt  # the processor expands each image
+        if family.startswith("qwen"):  # the same prompt, up to the expansion of <|image_pad|>
+            assert collapse_runs(expanded, image_token_id) == ids
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_images_are_the_rows_own_objects_in_order(family, family_setup):
+    _, processor, _ = family_setup(family)
+    rows = color_rows(2, images_per_prompt=2)
+    single = {"prompt": color_rows(1)[0]["prompt"], "image": square_image("blue")}
+    payload = build_vllm_payload(processor, [*rows, single])
+    for row, images in zip(rows, payload.images[:2], strict=True):
+        assert len(images) == 2 and all(a is b for a, b in zip(images, row["images"], strict=True))
+    assert payload.images[2][0] is single["image"]
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "internvl", "gemma3"])
+def test_text_only_rows_get_no_images(family, family_setup):
+    _, processor, _ = family_setup(family)
+    token, token_id = image_placeholder(processor)
+    mixed = build_vllm_payload(processor, color_rows(4, text_only_every=2))
+    assert [x is None for x in mixed.images] == [False, True, False, True]
+    assert mixed.prompt_ids[1].count(token_id) == 0 and token not in mixed.texts[1]
+    inputs = vllm_prompt_inputs(mixed)
+    assert (
+        "multi_modal_data" not in inputs[1] and inputs[0]["multi_modal_data"]["image"] is mixed.images[0][0]
+    )
+    text_only = build_vllm_payload(processor, [color_rows(2, text_only_every=1)[0]])
+    assert text_only.images is None  # TRL wants None, not [None], when no row has an image
+
+
+def test_group_copies_share_one_rendering(family_setup):
+    _, processor, _ = family_setup("qwen2_5_vl")
+    row = color_rows(1)[0]
+    payload = build_vllm_payload(processor, [row] * 3)
+    assert payload.texts == [payload.texts[0]] * 3 and payload.prompt_ids == [payload.prompt_ids[0]] * 3
+    assert all(images[0] is row["images"][0] for images in payload.images)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_image_entries_must_match_images(family, family_setup):
+    _, processor, _ = family_setup(family)
+    row = color_rows(1, images_per_prompt=2)[0]
+    row["images"] = row["images"][:1]
+    with pytest.raises(ValueError, match=r"^Row 0: the prompt has 2 image entries but 1 images\.$"):
+        build_vllm_payload(processor, [row])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_expanded_placeholders_are_rejected(family, family_setup):
+    module, processor, _ = family_setup(family)
+    row = color_rows(1)[0]
+    expanded_text = processor.tokenizer.decode(expanded_ids(module, processor, row).input_ids)
+    row["prompt"] = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": expanded_text}]}
+    ]
+    with pytest.raises(ValueError, match=r"^Row 1: the prompt holds \d+ image tokens for 1 image\(s\)"):
+        build_vllm_payload(processor, [color_rows(1)[0], row])
+
+
+def test_generate_kwargs_per_mode(family_setup):
+    module, processor, _ = family_setup("qwen2_vl")
+    rows = [r for r in color_rows(2, text_only_every=2) for _ in range(2)]  # G = 2 copies per prompt
+    payload = build_vllm_payload(processor, rows)
+    expanded = [expanded_ids(module, processor, r).input_ids for r in rows]
+    colocate = vllm_generate_kwargs(payload, 2)
+    assert colocate == {"prompts": payload.prompt_ids, "images": payload.images, "num_generations": 2}
+    assert vllm_generate_kwargs(payload, 2, "server", expanded_prompt_ids=expanded)["prompts"] == expanded
+    with pytest.raises(ValueError, match="server mode needs the processor-expanded"):
+        vllm_generate_kwargs(payload, 2, "server")
+    with pytest.raises(ValueError, match="vllm_mode must be"):
+        vllm_generate_kwargs(payload, 2, "remote")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("family", ["qwen2_vl", "gemma3"])
+def test_vllm_generates_from_payload(family, tmp_path):
+    """vLLM expands the payload's placeholders into exactly the prompt the trainer trains on."""
+    vllm = pytest.importorskip("vllm")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("vLLM needs a GPU")
+    from vlm_grpo.testing import build_tiny_model
+
+    path = build_tiny_model(family, tmp_path / family, hidden_size=128)  # 32-wide attention heads
+    module = get_vlm_module(path)
+    processor = module.load_processor(path)
+    rows = color_rows(2, images_per_prompt=2) + color_rows(2, text_only_every=1)[:1]
+    payload = build_vllm_payload(processor, rows)
+    llm = vllm.LLM(
+        model=path,
+        max_model_len=512,
+        gpu_memory_utilization=0.2,
+        enforce_eager=True,
+        limit_mm_per_prompt={"image": 2},
+        seed=0,
+    )
+    params = vllm.SamplingParams(max_tokens=4, temperature=1.0, logprobs=0)
+    outputs = llm.generate(vllm_prompt_inputs(payload), sampling_params=params, use_tqdm=False)
+    assert len(outputs) == len(rows)
+    for row, output in zip(rows, outputs, strict=True):
+        assert list(output.prompt_token_ids) == expanded_ids(module, processor, row).input_ids
+        completion = output.outputs[0]
+        assert 0 < len(completion.token_ids) <= 4 and len(completion.logprobs) == len(completion.token_ids)

@@ -1,0 +1,203 @@
+"""Shared-prefix forwards: each group's prompt (image included) runs once, and its KV cache serves the G completions.
+
+GRPO samples G completions per prompt. A full forward of the `[B, P+C]` rows recomputes the same prompt G times:
+the vision tower, and every layer over P tokens. Here the prompt runs once per group on its first `P-1` tokens
+(`use_cache=True`); the cache is then indexed to the B rows, and a second forward runs only the `C+1` remaining
+tokens (the prompt's last token, whose logits score the first completion token, then the completion). Both forwards
+are ordinary calls of the (wrapped) model, so gradients reach the prompt part, the vision tower included, through
+the cache, and ZeRO-3, DDP and PEFT wrappers see normal forwards.
+
+Rows of one group are consecutive and share the same per-sample image dict object (see `VLMGRPOTrainer`); that is
+how groups are found. Positions that depend on the images (Qwen's M-RoPE) are computed by the per-model module over
+the full rows, so both forwards use exactly the positions of one full forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .models import VLMModule
+
+
+@dataclass
+class PromptGroups:
+    """Runs of consecutive rows holding the same prompt.
+
+    Attributes:
+        first (`torch.Tensor`): `[U]` index of the first row of each group.
+        index (`torch.Tensor`): `[B]` group number of each row.
+    """
+
+    first: torch.Tensor
+    index: torch.Tensor
+
+    @property
+    def sizes(self) -> list[int]:
+        """Rows per group, in order."""
+        return torch.bincount(self.index, minlength=len(self.first)).tolist()
+
+
+def find_groups(prompt_ids: torch.Tensor, mm_list: Sequence[dict]) -> PromptGroups:
+    """Group consecutive rows whose prompt ids are equal and whose image dict is the same object.
+
+    Args:
+        prompt_ids (`torch.Tensor`): `[B, P]` left-padded prompt ids (padding included in the comparison).
+        mm_list (`Sequence[dict]`): the B per-sample image dicts; copies of one prompt share one object.
+    """
+    same = [
+        i > 0 and mm_list[i] is mm_list[i - 1] and torch.equal(prompt_ids[i], prompt_ids[i - 1])
+        for i in range(prompt_ids.size(0))
+    ]
+    starts = [i for i, s in enumerate(same) if not s]
+    index = torch.cumsum(torch.tensor([0 if s else 1 for s in same]), 0) - 1  # [B]
+    return PromptGroups(first=torch.tensor(starts, dtype=torch.long), index=index)
+
+
+def group_chunks(index: torch.Tensor, max_rows: int) -> list[tuple[int, int]]:
+    """Split rows into `(start, end)` chunks of at most `max_rows` rows that never cut a group.
+
+    A group larger than `max_rows` forms one chunk of its own.
+    """
+    bounds = [0] + [i for i in range(1, len(index)) if index[i] != index[i - 1]] + [len(index)]
+    chunks, start = [], 0
+    for prev, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end - start > max_rows and prev > start:
+            chunks.append((start, prev))
+            start = prev
+    if start < len(index):
+        chunks.append((start, len(index)))
+    return chunks
+
+
+def shuffle_groups(batch: dict[str, Any], mm_key: str = "mm_inputs") -> dict[str, Any]:
+    """Shuffle a generation batch by whole groups (rows of a group stay together and in order).
+
+    Args:
+        batch (`dict`): per-row tensors `[B, ...]` and lists of length B; 0-d tensors are left as they are.
+        mm_key (`str`, defaults to "mm_inputs"): the list of per-sample image dicts used to find groups.
+    """
+    groups = find_groups(batch["prompt_ids"], batch[mm_key])
+    order = torch.randperm(len(groups.first))
+    rows = torch.cat([torch.nonzero(groups.index == g).flatten() for g in order])  # [B]
+
+    def permute(v: Any) -> Any:
+        if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0):
+            return v
+        if isinstance(v, torch.Tensor):
+            return v[rows.to(v.device)]
+        return [v[i] for i in rows.tolist()]
+
+    return {k: permute(v) for k, v in batch.items()}
+
+
+def _prefix_cache(
+    model: torch.nn.Module,
+    base_model: torch.nn.Module,
+    module: VLMModule,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    mm_list: Sequence[dict],
+    groups: PromptGroups,
+    positions: torch.Tensor | None,
+) -> Any:
+    """Run each group's prompt but its last token once; return the KV cache indexed to all B rows."""
+    first = groups.first.to(prompt_ids.device)
+    inputs = module.model_inputs(
+        base_model.config,
+        prompt_ids[first, :-1],  # [U, P-1]
+        prompt_mask[first, :-1],
+        [mm_list[i] for i in groups.first.tolist()],
+    )
+    if positions is not None:
+        inputs["position_ids"] = positions[..., first, : prompt_ids.size(1) - 1]
+    outputs = model(**inputs, use_cache=True, logits_to_keep=1)
+    cache = outputs.past_key_values
+    cache.batch_select_indices(groups.index.to(prompt_ids.device))  # every layer [U, ...] -> [B, ...]
+    return cache
+
+
+def shared_prefix_logps(
+    model: torch.nn.Module,
+    base_model: torch.nn.Module,
+    module: VLMModule,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    mm_list: Sequence[dict],
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropies) of the completions, with each group's prompt computed once.
+
+    Args:
+        model (`torch.nn.Module`): the model to call (possibly wrapped by DDP, DeepSpeed or PEFT), patched by TRL's
+            `add_fused_lm_head` so that `fused_lm_head=True` returns log-probs.
+        base_model (`PreTrainedModel`): the unwrapped transformers model (config, position helpers).
+        module (`VLMModule`): the family's module.
+        input_ids (`torch.Tensor`): `[B, P+C]` left-padded prompts followed by right-padded completions.
+        attention_mask (`torch.Tensor`): `[B, P+C]`.
+        logits_to_keep (`int`): C, the completion length.
+        mm_list (`Sequence[dict]`): the B per-sample image dicts.
+        compute_entropy (`bool`, defaults to False): also return per-token entropies.
+
+    Returns:
+        `(logps [B, C], entropies [B, C] | None)`, equal to those of one full forward of the rows.
+    """
+    prompt_len = input_ids.size(1) - logits_to_keep  # P
+    groups = find_groups(input_ids[:, :prompt_len], mm_list)
+    positions = module.position_ids(base_model, input_ids, attention_mask, mm_list)  # None or [..., B, P+C]
+    cache = _prefix_cache(
+        model,
+        base_model,
+        module,
+        input_ids[:, :prompt_len],
+        attention_mask[:, :prompt_len],
+        mm_list,
+        groups,
+        positions,
+    )
+    suffix_ids = input_ids[:, prompt_len - 1 :]  # [B, C+1]: last prompt token, then the completion
+    labels = suffix_ids[:, 1:].masked_fill(attention_mask[:, prompt_len:] == 0, -100)  # [B, C]
+    shift_labels = torch.cat([labels, labels.new_full((labels.size(0), 1), -100)], dim=1)  # [B, C+1]
+    inputs = {"input_ids": suffix_ids, "attention_mask": attention_mask, "past_key_values": cache}
+    if positions is not None:
+        inputs["position_ids"] = positions[..., prompt_len - 1 :]
+    outputs = model(**inputs, shift_labels=shift_labels, fused_lm_head=True)
+    logps = outputs.log_probs[:, :logits_to_keep]  # [B, C]
+    entropies = outputs.entropy[:, :logits_to_keep] if compute_entropy else None
+    return logps, entropies
+
+
+def shared_prefix_generate(
+    model: torch.nn.Module,
+    base_model: torch.nn.Module,
+    module: VLMModule,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    mm_list: Sequence[dict],
+    **generate_kwargs: Any,
+) -> torch.Tensor:
+    """`model.generate` with each group's prompt prefilled once; the G rows of a group continue from one cache.
+
+    Args:
+        model (`PreTrainedModel`): the unwrapped model (inside `unwrap_model_for_generation`), PEFT or not.
+        base_model (`PreTrainedModel`): the transformers model under PEFT (or `model` itself).
+        module (`VLMModule`): the family's module.
+        prompt_ids (`torch.Tensor`): `[B, P]` left-padded prompt ids, each prompt repeated for its G rows.
+        prompt_mask (`torch.Tensor`): `[B, P]`.
+        mm_list (`Sequence[dict]`): the B per-sample image dicts.
+        **generate_kwargs: passed to `generate` (e.g. `generation_config`).
+
+    Returns:
+        `[B, P+C]` the prompts followed by the sampled completions, as `generate` returns them.
+    """
+    groups = find_groups(prompt_ids, mm_list)
+    positions = module.position_ids(base_model, prompt_ids, prompt_mask, mm_list, generation=True)
+    cache = _prefix_cache(model, base_model, module, prompt_ids, prompt_mask, mm_list, groups, positions)
+    module.prepare_generation_from_cache(base_model, prompt_ids, prompt_mask, mm_list)
+    return model.generate(
+        input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, **generate_kwargs
+    )
