@@ -276,7 +276,7 @@ def run_shape(key: str, opts, dims: dict, meter: HeapMeter, cuda: bool, work: Pa
     common = dict(
         output_dir=str(work / f"out_{shape}"), per_device_train_batch_size=G, num_generations=G,
         gradient_accumulation_steps=1, max_completion_length=length, generation_kwargs={"min_new_tokens": length},
-        beta=0.0, learning_rate=1e-5, max_steps=opts.warmup + opts.steps, logging_steps=1, report_to="none",
+        beta=0.0, gradient_checkpointing=False, learning_rate=1e-5, max_steps=opts.warmup + opts.steps, logging_steps=1, report_to="none",
         save_strategy="no", seed=opts.seed, use_cpu=not cuda, bf16=False, fp16=False, disable_tqdm=True,
         dataloader_num_workers=0,
     )  # fmt: skip

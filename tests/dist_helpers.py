@@ -104,6 +104,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def venv_path(env: dict[str, str]) -> str:
+    """`env`'s PATH with the venv's bin first: the launchers, and the `ninja` that builds DeepSpeed's CPU op."""
+    return os.pathsep.join((str(BIN), env.get("PATH", "")))
+
+
 def launch_env(probe_dir: Path, **extra: str) -> dict[str, str]:
     """Environment of a launched run: offline, CPU DeepSpeed, this folder importable, the venv's bin first on PATH."""
     env = dict(os.environ)
@@ -115,7 +120,7 @@ def launch_env(probe_dir: Path, **extra: str) -> dict[str, str]:
         TORCH_EXTENSIONS_DIR=TORCH_EXTENSIONS_DIR,
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), str(ROOT), env.get("PYTHONPATH", "")) if p),
-        PATH=os.pathsep.join((str(BIN), env.get("PATH", ""))),
+        PATH=venv_path(env),
         VLM_GRPO_PROBE_DIR=str(probe_dir),
     )
     env.update(extra)
@@ -181,10 +186,17 @@ def build_deepspeed_cpu_ops(timeout: int = 900) -> subprocess.CompletedProcess:
     The first build takes 1.5 to 4 minutes on 2 busy cores; it is cached in `TORCH_EXTENSIONS_DIR` (the
     environment's, else `.pytest_cache/torch_extensions`) and reused while the compiler command is unchanged. The command holds the
     interpreter's site-packages path, so the build runs with the workers' interpreter: built with another
-    spelling of the same venv, every run would rebuild it inside its own timeout.
+    spelling of the same venv, every run would rebuild it inside its own timeout. It also runs with the workers'
+    PATH (`venv_path`): the venv's `ninja` (1.13) and a system one (1.11) hash the build log differently, so a
+    build by one is stale to the other and the first run would rebuild it (about 2 minutes of its timeout).
     """
     code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR}
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR,
+        "PATH": venv_path(dict(os.environ)),
+    }
     return subprocess.run(
         [launcher_python(), "-c", code],
         env=env,

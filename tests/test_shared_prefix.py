@@ -16,7 +16,7 @@ from transformers import GenerationConfig
 from trl.trainer.utils import pad
 
 from vlm_grpo import VLMGRPOTrainer
-from vlm_grpo.shared_prefix import find_groups, group_chunks, shared_prefix_generate, shuffle_groups
+from vlm_grpo.shared_prefix import find_groups, shared_prefix_generate, shuffle_groups
 
 G = 3  # completions per prompt in the hand-built batches
 
@@ -56,7 +56,7 @@ def rollout_batch(trainer: VLMGRPOTrainer, rows: list[dict], seed: int = 0):
     }
 
 
-def logps_and_grads(trainer: VLMGRPOTrainer, batch: dict, share: bool):
+def logps_and_grads(trainer: VLMGRPOTrainer, batch: dict, share: bool, micro_batch: int = 4):
     trainer.args.share_prompt_prefix = share
     model = trainer.model
     model.zero_grad()
@@ -65,11 +65,13 @@ def logps_and_grads(trainer: VLMGRPOTrainer, batch: dict, share: bool):
         batch["input_ids"],
         batch["attention_mask"],
         batch["completion_mask"].size(1),
-        4,  # micro-batch rows: smaller than the batch of 18
+        micro_batch,  # default 4 rows: smaller than the batch of 18, and cutting groups of G=3
         compute_entropy=True,
         mm_inputs=batch["mm"],
     )
-    weights = torch.linspace(-1, 1, logps.numel()).view_as(logps)  # a loss that weights every token differently
+    weights = torch.linspace(-1, 1, logps.numel()).view_as(
+        logps
+    )  # a loss that weights every token differently
     (logps * weights * batch["completion_mask"]).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logps.detach(), entropies.detach(), grads
@@ -165,7 +167,7 @@ def test_prompt_tokens_run_once_per_group(tiny_model, tmp_path):
     seen = {}
     for share in (False, True):
         counts.update(tokens=0, vision=0)
-        logps_and_grads(trainer, batch, share)
+        logps_and_grads(trainer, batch, share, micro_batch=2 * G)
         seen[share] = dict(counts)
     h1.remove()
     h2.remove()
@@ -180,7 +182,7 @@ def test_prompt_tokens_run_once_per_group(tiny_model, tmp_path):
     assert seen[True]["vision"] * G == patches  # each image once per group
 
 
-def test_find_groups_and_group_chunks():
+def test_find_groups():
     ids = torch.tensor([[1, 2], [1, 2], [1, 3], [1, 3], [1, 3], [1, 2]])
     a, b, c = {}, {}, {}
     groups = find_groups(ids, [a, a, b, b, b, c])
@@ -188,9 +190,6 @@ def test_find_groups_and_group_chunks():
     assert groups.sizes == [2, 3, 1]
     # same ids but different image objects are different prompts
     assert find_groups(ids[:2], [a, b]).first.tolist() == [0, 1]
-    assert group_chunks(groups.index, 4) == [(0, 2), (2, 6)]
-    assert group_chunks(groups.index, 2) == [(0, 2), (2, 5), (5, 6)]  # a group larger than the chunk stays whole
-    assert group_chunks(groups.index, 100) == [(0, 6)]
 
 
 def test_shuffle_groups_keeps_groups_together():
@@ -210,3 +209,30 @@ def test_shuffle_groups_keeps_groups_together():
     assert out["advantages"].tolist() == [float(g) for g in order]
     assert all(mm is mms[g] for mm, g in zip(out["mm_inputs"], order, strict=True))
     assert out["num_items_in_batch"].item() == 15
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+def test_gradient_checkpointing_keeps_the_shared_path_exact(family, tiny_model, tmp_path):
+    """Under (non-reentrant) gradient checkpointing the prompt's cache survives the layers' backward replay."""
+    trainer = make_trainer(tiny_model(family), tmp_path)
+    batch = rollout_batch(trainer, color_rows(6, text_only_every=3))
+    full_logps, _, full_grads = logps_and_grads(trainer, batch, share=False)
+    trainer.args.gradient_checkpointing = True
+    trainer.model.gradient_checkpointing_enable({"use_reentrant": False})
+    trainer.model.train()
+    counts = {"tokens": 0}
+    hook = trainer.model.get_input_embeddings().register_forward_hook(
+        lambda m, i, o: counts.__setitem__("tokens", counts["tokens"] + i[0].numel())
+    )
+    trainer.args.share_prompt_prefix = True
+    assert trainer._shares_prefix()
+    shared_logps, _, shared_grads = logps_and_grads(trainer, batch, share=True)
+    hook.remove()
+    assert counts["tokens"] < batch["input_ids"].numel()  # the shared path ran, not full rows
+    mask = batch["completion_mask"].bool()
+    assert torch.allclose(shared_logps[mask], full_logps[mask], atol=1e-5, rtol=0)
+    scale = max(g.abs().max().item() for g in full_grads.values())
+    assert set(shared_grads) == set(full_grads)
+    for name, full in full_grads.items():
+        err = (shared_grads[name] - full).abs().max().item()
+        assert err <= 1e-4 * full.abs().max().item() + 1e-6 * scale, (name, err)

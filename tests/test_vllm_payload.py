@@ -132,14 +132,50 @@ def test_generate_kwargs_per_mode(family_setup):
         vllm_generate_kwargs(payload, 2, "remote")
 
 
+def test_trainer_refuses_vllm_with_importance_sampling_correction(tiny_model, tmp_path):
+    from conftest import color_dataset, grpo_args, length_reward
+
+    from vlm_grpo import VLMGRPOTrainer
+
+    args = grpo_args(tmp_path, use_vllm=True, vllm_importance_sampling_correction=True)
+    with pytest.raises(ValueError, match="set vllm_importance_sampling_correction: false"):
+        VLMGRPOTrainer(tiny_model("qwen2_vl"), length_reward, args=args, train_dataset=color_dataset(4))
+
+
 @pytest.mark.vllm
+@pytest.mark.gpu
+def test_trainer_trains_through_vllm_colocate(tmp_path):
+    """One GRPO step with `use_vllm` (colocate) on a tiny Qwen2-VL: completions come from vLLM, weights move."""
+    import torch
+    from conftest import color_dataset, grpo_args, length_reward
+
+    from vlm_grpo import VLMGRPOTrainer
+    from vlm_grpo.testing import build_tiny_model
+
+    path = build_tiny_model("qwen2_vl", tmp_path / "m", hidden_size=128)
+    args = grpo_args(
+        tmp_path / "run",
+        max_steps=1,
+        use_cpu=False,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_importance_sampling_correction=False,
+        vllm_gpu_memory_utilization=0.2,
+    )
+    trainer = VLMGRPOTrainer(path, length_reward, args=args, train_dataset=color_dataset(8))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
+    assert trainer.state.log_history[0]["completions/mean_length"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen2_vl", "gemma3"])
 def test_vllm_generates_from_payload(family, tmp_path):
     """vLLM expands the payload's placeholders into exactly the prompt the trainer trains on."""
-    vllm = pytest.importorskip("vllm")
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("vLLM needs a GPU")
+    import vllm
+
     from vlm_grpo.testing import build_tiny_model
 
     path = build_tiny_model(family, tmp_path / family, hidden_size=128)  # 32-wide attention heads

@@ -26,8 +26,8 @@ class VLMGRPOConfig(GRPOConfig):
         max_tiles (`int | None`, defaults to None): most tiles per image (InternVL).
         share_prompt_prefix (`bool`, defaults to True): run each group's prompt (image included) once and share its
             KV cache across the G completions, in generation and in every log-prob pass (old, reference, policy).
-            Exact: log-probs match full forwards within float rounding. The policy's training forward falls back to
-            full rows under gradient checkpointing, which drops KV caches.
+            Exact: log-probs match full forwards within float rounding. Works with (non-reentrant) gradient
+            checkpointing; with `use_reentrant: true` the policy's training forward runs full rows.
         log_samples_steps (`int`, defaults to 50): every this many steps, write the step's prompts, image paths,
             completions, rewards and advantages to `output_dir/samples/step_NNNNNN.jsonl`; 0 turns it off.
     """
@@ -46,7 +46,9 @@ class VLMGRPOConfig(GRPOConfig):
     max_tiles: int | None = field(default=None, metadata={"help": "Maximum tiles per image (InternVL)."})
     share_prompt_prefix: bool = field(
         default=True,
-        metadata={"help": "Compute each group's prompt once and share its KV cache across the G completions."},
+        metadata={
+            "help": "Compute each group's prompt once and share its KV cache across the G completions."
+        },
     )
     log_samples_steps: int = field(
         default=50,

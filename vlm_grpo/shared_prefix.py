@@ -5,7 +5,8 @@ the vision tower, and every layer over P tokens. Here the prompt runs once per g
 (`use_cache=True`); the cache is then indexed to the B rows, and a second forward runs only the `C+1` remaining
 tokens (the prompt's last token, whose logits score the first completion token, then the completion). Both forwards
 are ordinary calls of the (wrapped) model, so gradients reach the prompt part, the vision tower included, through
-the cache, and ZeRO-3, DDP and PEFT wrappers see normal forwards.
+the cache, and ZeRO-3, DDP and PEFT wrappers see normal forwards. Under (non-reentrant) gradient checkpointing
+the cache is a `ReplayableCache`, which a layer's backward replay leaves unchanged.
 
 Rows of one group are consecutive and share the same per-sample image dict object (see `VLMGRPOTrainer`); that is
 how groups are found. Positions that depend on the images (Qwen's M-RoPE) are computed by the per-model module over
@@ -14,11 +15,15 @@ the full rows, so both forwards use exactly the positions of one full forward.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .models import VLMModule
 
@@ -57,22 +62,6 @@ def find_groups(prompt_ids: torch.Tensor, mm_list: Sequence[dict]) -> PromptGrou
     return PromptGroups(first=torch.tensor(starts, dtype=torch.long), index=index)
 
 
-def group_chunks(index: torch.Tensor, max_rows: int) -> list[tuple[int, int]]:
-    """Split rows into `(start, end)` chunks of at most `max_rows` rows that never cut a group.
-
-    A group larger than `max_rows` forms one chunk of its own.
-    """
-    bounds = [0] + [i for i in range(1, len(index)) if index[i] != index[i - 1]] + [len(index)]
-    chunks, start = [], 0
-    for prev, end in zip(bounds[:-1], bounds[1:], strict=True):
-        if end - start > max_rows and prev > start:
-            chunks.append((start, prev))
-            start = prev
-    if start < len(index):
-        chunks.append((start, len(index)))
-    return chunks
-
-
 def shuffle_groups(batch: dict[str, Any], mm_key: str = "mm_inputs") -> dict[str, Any]:
     """Shuffle a generation batch by whole groups (rows of a group stay together and in order).
 
@@ -94,6 +83,54 @@ def shuffle_groups(batch: dict[str, Any], mm_key: str = "mm_inputs") -> dict[str
     return {k: permute(v) for k, v in batch.items()}
 
 
+class ReplayableCache(DynamicCache):
+    """A KV cache that layers under gradient checkpointing may use: replaying a layer never changes it.
+
+    While recording (the prompt pass), each layer stores its keys/values on its first call; a backward replay of a
+    checkpointed layer calls `update` again, and gets the new states back without storing them twice. The
+    completion pass gets a `read_only_rows` copy, whose `update` returns the stored states followed by the new ones
+    and stores nothing, so its replays see the same cache. Returned states are those of a `DynamicCache`.
+    """
+
+    def __init__(self, config: Any):
+        super().__init__(config=config)
+        self.read_only = False
+        self._recorded: set[int] = set()
+
+    def read_only_rows(self, rows: torch.Tensor) -> ReplayableCache:
+        """A read-only copy holding rows `rows` `[B]` of every layer; this cache stays as it is for its replays."""
+        view = copy.copy(self)
+        view.layers = [copy.copy(layer) for layer in self.layers]
+        view.batch_select_indices(rows)  # every layer [U, ...] -> [B, ...]
+        view.read_only = True
+        return view
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if self.read_only:
+            layer = self.layers[layer_idx]
+            return (
+                torch.cat([layer.keys, key_states], dim=-2),  # [b, heads, past + new, d]
+                torch.cat([layer.values, value_states], dim=-2),
+            )
+        if layer_idx in self._recorded:  # backward replay of the prompt pass
+            return key_states, value_states
+        self._recorded.add(layer_idx)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+@contextmanager
+def checkpointed_layers_keep_cache(model: torch.nn.Module) -> Iterator[None]:
+    """Let gradient-checkpointed decoder layers use a `ReplayableCache` (transformers drops caches otherwise)."""
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache  # back to the class default
+
+
 def _prefix_cache(
     model: torch.nn.Module,
     base_model: torch.nn.Module,
@@ -103,8 +140,13 @@ def _prefix_cache(
     mm_list: Sequence[dict],
     groups: PromptGroups,
     positions: torch.Tensor | None,
+    cache: ReplayableCache | None = None,
 ) -> Any:
-    """Run each group's prompt but its last token once; return the KV cache indexed to all B rows."""
+    """Run each group's prompt but its last token once; return the KV cache indexed to all B rows.
+
+    `cache` (a `ReplayableCache`) is filled when given, and a read-only copy of its rows is returned; otherwise the
+    model's own `DynamicCache` is returned.
+    """
     first = groups.first.to(prompt_ids.device)
     inputs = module.model_inputs(
         base_model.config,
@@ -114,10 +156,13 @@ def _prefix_cache(
     )
     if positions is not None:
         inputs["position_ids"] = positions[..., first, : prompt_ids.size(1) - 1]
-    outputs = model(**inputs, use_cache=True, logits_to_keep=1)
-    cache = outputs.past_key_values
-    cache.batch_select_indices(groups.index.to(prompt_ids.device))  # every layer [U, ...] -> [B, ...]
-    return cache
+    rows = groups.index.to(prompt_ids.device)
+    if cache is None:
+        cache = model(**inputs, use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_select_indices(rows)  # every layer [U, ...] -> [B, ...]
+        return cache
+    model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return cache.read_only_rows(rows)
 
 
 def shared_prefix_logps(
@@ -149,23 +194,26 @@ def shared_prefix_logps(
     prompt_len = input_ids.size(1) - logits_to_keep  # P
     groups = find_groups(input_ids[:, :prompt_len], mm_list)
     positions = module.position_ids(base_model, input_ids, attention_mask, mm_list)  # None or [..., B, P+C]
-    cache = _prefix_cache(
-        model,
-        base_model,
-        module,
-        input_ids[:, :prompt_len],
-        attention_mask[:, :prompt_len],
-        mm_list,
-        groups,
-        positions,
-    )
+    with checkpointed_layers_keep_cache(model):
+        cache = _prefix_cache(
+            model,
+            base_model,
+            module,
+            input_ids[:, :prompt_len],
+            attention_mask[:, :prompt_len],
+            mm_list,
+            groups,
+            positions,
+            ReplayableCache(base_model.config),
+        )
     suffix_ids = input_ids[:, prompt_len - 1 :]  # [B, C+1]: last prompt token, then the completion
     labels = suffix_ids[:, 1:].masked_fill(attention_mask[:, prompt_len:] == 0, -100)  # [B, C]
     shift_labels = torch.cat([labels, labels.new_full((labels.size(0), 1), -100)], dim=1)  # [B, C+1]
     inputs = {"input_ids": suffix_ids, "attention_mask": attention_mask, "past_key_values": cache}
     if positions is not None:
         inputs["position_ids"] = positions[..., prompt_len - 1 :]
-    outputs = model(**inputs, shift_labels=shift_labels, fused_lm_head=True)
+    with checkpointed_layers_keep_cache(model):
+        outputs = model(**inputs, shift_labels=shift_labels, fused_lm_head=True)
     logps = outputs.log_probs[:, :logits_to_keep]  # [B, C]
     entropies = outputs.entropy[:, :logits_to_keep] if compute_entropy else None
     return logps, entropies

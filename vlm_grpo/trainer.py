@@ -32,12 +32,12 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import (
     add_fused_lm_head,
-    split_tensor_dict,
     disable_dropout_in_model,
     get_callable_name,
     is_async_callable,
     nanstd,
     pad,
+    split_tensor_dict,
     use_adapter,
 )
 
@@ -49,7 +49,8 @@ from .models import EncodedPrompt, VLMModule, get_vlm_module
 from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
 from .reward_guard import guard_reward
 from .samples import samples_path, write_samples
-from .shared_prefix import group_chunks, find_groups, shared_prefix_generate, shared_prefix_logps, shuffle_groups
+from .shared_prefix import shared_prefix_generate, shared_prefix_logps, shuffle_groups
+from .vllm_payload import build_vllm_payload, vllm_generate_kwargs
 
 
 def _prompt_images(example: dict[str, Any]) -> list[Any]:
@@ -125,9 +126,10 @@ class VLMGRPOTrainer(GRPOTrainer):
             raise ValueError("use_transformers_continuous_batching does not support images; leave it off.")
         if args.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError("VLMGRPOTrainer supports multi_objective_aggregation='sum_then_normalize' only.")
-        if args.use_vllm:
+        if args.use_vllm and args.vllm_importance_sampling_correction:
             raise ValueError(
-                "use_vllm is not supported by VLMGRPOTrainer yet; generate with transformers instead."
+                "With use_vllm, VLMGRPOTrainer does not apply vLLM importance-sampling correction: set "
+                "vllm_importance_sampling_correction: false."
             )
         module = get_vlm_module(model, trust_remote_code=args.trust_remote_code)
 
@@ -326,11 +328,14 @@ class VLMGRPOTrainer(GRPOTrainer):
     def _shares_prefix(self, compute_aux_loss: bool = False) -> bool:
         """Whether this pass runs each group's prompt once (see `shared_prefix`).
 
-        Gradient checkpointing drops KV caches, so a forward that builds a graph under it runs full rows instead.
+        Reentrant gradient checkpointing detaches what a layer writes to the KV cache, so a forward that builds a
+        graph under it runs full rows instead (the transformers default is non-reentrant).
         """
         if not self.args.share_prompt_prefix or compute_aux_loss:
             return False
-        return not (torch.is_grad_enabled() and self.args.gradient_checkpointing)
+        if torch.is_grad_enabled() and self.args.gradient_checkpointing:
+            return not (self.args.gradient_checkpointing_kwargs or {}).get("use_reentrant", False)
+        return True
 
     def _model_inputs(
         self,
@@ -343,6 +348,23 @@ class VLMGRPOTrainer(GRPOTrainer):
         return self.vlm_module.model_inputs(config, input_ids, attention_mask, mm_list)
 
     # ----------------------------------------------------------------------------------------- generation
+    def _vllm_completions(
+        self, rows: list[dict[str, Any]], prompt_ids_list: list[list[int]], num_generations: int
+    ) -> list[list[int]]:
+        """Sample through TRL's vLLM backend: raw images and prompts with unexpanded image placeholders."""
+        if self.state.global_step != self._last_loaded_step:
+            with profiling_context(self, "sync_weights"):
+                self.vllm_generation.sync_weights()
+            self._last_loaded_step = self.state.global_step
+        payload = build_vllm_payload(self.processing_class, rows)
+        kwargs = vllm_generate_kwargs(
+            payload, num_generations, self.vllm_mode, expanded_prompt_ids=prompt_ids_list
+        )
+        _, completion_ids, _, _ = self.vllm_generation.generate(
+            **kwargs, profiler=profiling_context(self, "vLLM.generate")
+        )
+        return [list(ids) for ids in completion_ids]
+
     def _sample_completions(self, prompt_ids_list: list[list[int]], mm_list: list[dict]) -> list[list[int]]:
         """Sample one completion per prompt row (rows already repeat each prompt G times); ids up to first eos."""
         device = self.accelerator.device
@@ -434,12 +456,17 @@ class VLMGRPOTrainer(GRPOTrainer):
     def _shared_prefix_logps(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, mm_inputs
     ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-        """`_get_per_token_logps_and_entropies` with each group's prompt run once, in chunks of whole groups."""
+        """`_get_per_token_logps_and_entropies` with each group's prompt run once per chunk of `batch_size` rows.
+
+        Chunks start every `batch_size` rows, as in the unshared path, so every process runs the same number of
+        forwards (ZeRO-3 gathers parameters collectively in each). Rows are grouped (see `_prepare_inputs`), so a
+        chunk holds whole groups whenever the group size divides `batch_size`; a cut group is simply computed once
+        in each chunk it spans.
+        """
         base_model = self._base_model(model)
-        prompt_ids = input_ids[:, : input_ids.size(1) - logits_to_keep]  # [B, P]
-        groups = find_groups(prompt_ids, mm_inputs)
         all_logps, all_entropies = [], []
-        for start, end in group_chunks(groups.index, batch_size):
+        for start in range(0, input_ids.size(0), batch_size):
+            end = min(start + batch_size, input_ids.size(0))
             with self.accelerator.autocast():
                 logps, entropies = shared_prefix_logps(
                     model,
@@ -501,7 +528,11 @@ class VLMGRPOTrainer(GRPOTrainer):
             encoded = self._encode_examples(inputs)
             prompt_ids_list = [e.input_ids for e in encoded]
             mm_list = [e.mm for e in encoded]
-            completion_ids_list = self._sample_completions(prompt_ids_list, mm_list)
+            if self.use_vllm:
+                num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+                completion_ids_list = self._vllm_completions(inputs, prompt_ids_list, num_generations)
+            else:
+                completion_ids_list = self._sample_completions(prompt_ids_list, mm_list)
         texts = self.processing_class.batch_decode(completion_ids_list, skip_special_tokens=True)
         completions = [[{"role": "assistant", "content": t}] for t in texts]
         self._log_lengths(mode, prompt_ids_list, completion_ids_list)
