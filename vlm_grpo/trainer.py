@@ -50,6 +50,7 @@ from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
 from .reward_guard import guard_reward
 from .samples import samples_path, write_samples
 from .shared_prefix import shared_prefix_generate, shared_prefix_logps, shuffle_groups
+from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
 from .vllm_payload import build_vllm_payload, vllm_generate_kwargs
 
 
@@ -187,6 +188,13 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._step_seconds = 0.0
         self._step_tokens = 0
         self._check_dataset_size(train_dataset)
+        # ZeRO-3 gathers each module's shards collectively: every process must run the vision tower in each forward
+        self._zero3_multi_process = (
+            self.is_deepspeed_enabled
+            and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+            and self.accelerator.num_processes > 1
+        )
+        self._vision_dummy: EncodedPrompt | None = None
         if self.tools or self.environment_factories is not None or self.rollout_func is not None:
             raise ValueError("VLMGRPOTrainer does not support tools, environment_factory or rollout_func.")
 
@@ -434,24 +442,44 @@ class VLMGRPOTrainer(GRPOTrainer):
         all_logps, all_entropies, all_aux = [], [], []
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
-            inputs = self._model_inputs(
-                model, input_ids[start:end], attention_mask[start:end], mm_inputs[start:end]
+            ids, mask, mm, dummy = self._chunk(
+                input_ids, attention_mask, logits_to_keep, mm_inputs, start, end
             )
+            inputs = self._model_inputs(model, ids, mask, mm)
             if compute_aux_loss:
                 inputs["output_router_logits"] = True
             labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)  # [b, P+C]
             labels[:, :-logits_to_keep] = -100
             with self.accelerator.autocast():
                 outputs = model(**inputs, labels=labels, fused_lm_head=True)
-            all_logps.append(outputs.log_probs[:, -logits_to_keep:])  # [b, C]
-            if compute_entropy:
-                all_entropies.append(outputs.entropy[:, -logits_to_keep:])
+            logps = outputs.log_probs[:, -logits_to_keep:]  # [b, C]
+            entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
+            if dummy:
+                logps = drop_dummy_row(logps)
+                entropies = drop_dummy_row(entropies) if compute_entropy else None
+            all_logps.append(logps)
+            all_entropies.append(entropies)
             if compute_aux_loss:
                 all_aux.append(outputs.aux_loss)
         logps = torch.cat(all_logps, dim=0)
         entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
         aux_loss = torch.stack(all_aux).mean() if compute_aux_loss else None
         return logps, entropies, aux_loss
+
+    def _chunk(self, input_ids, attention_mask, logits_to_keep, mm_inputs, start, end):
+        """Rows `start:end`; under multi-process ZeRO-3 a chunk without images gets a dummy image row appended.
+
+        Returns `(input_ids, attention_mask, mm_list, has_dummy)`; see `vision_dummy` for why.
+        """
+        ids, mask, mm = input_ids[start:end], attention_mask[start:end], mm_inputs[start:end]
+        if not self._zero3_multi_process or any(mm):
+            return ids, mask, mm, False
+        if self._vision_dummy is None:
+            self._vision_dummy = dummy_image_prompt(
+                self.vlm_module, self.processing_class, self.accelerator.device
+            )
+        pad_id = self._tokenizer.pad_token_id
+        return (*add_dummy_row(ids, mask, logits_to_keep, mm, self._vision_dummy, pad_id), True)
 
     def _shared_prefix_logps(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, mm_inputs
@@ -467,17 +495,16 @@ class VLMGRPOTrainer(GRPOTrainer):
         all_logps, all_entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
+            ids, mask, mm, dummy = self._chunk(
+                input_ids, attention_mask, logits_to_keep, mm_inputs, start, end
+            )
             with self.accelerator.autocast():
                 logps, entropies = shared_prefix_logps(
-                    model,
-                    base_model,
-                    self.vlm_module,
-                    input_ids[start:end],
-                    attention_mask[start:end],
-                    logits_to_keep,
-                    mm_inputs[start:end],
-                    compute_entropy,
+                    model, base_model, self.vlm_module, ids, mask, logits_to_keep, mm, compute_entropy
                 )
+            if dummy:
+                logps = drop_dummy_row(logps)
+                entropies = drop_dummy_row(entropies) if compute_entropy else None
             all_logps.append(logps)  # [b, C]
             all_entropies.append(entropies)
         entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None

@@ -1,0 +1,29 @@
+"""The ZeRO-3 dummy image row: the vision tower runs (forward and backward) while real rows are unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import color_rows
+from test_shared_prefix import logps_and_grads, make_trainer, rollout_batch
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_text_only_chunk_runs_vision_tower_without_changing_results(share, tiny_model, tmp_path):
+    trainer = make_trainer(tiny_model("qwen2_vl"), tmp_path)
+    batch = rollout_batch(trainer, [color_rows(3, text_only_every=1)[i] for i in (0, 2)])  # text-only rows
+    calls = {"vision": 0}
+    hook = trainer.model.model.visual.register_forward_hook(
+        lambda m, i, o: calls.__setitem__("vision", calls["vision"] + 1)
+    )
+    plain_logps, plain_ent, plain_grads = logps_and_grads(trainer, batch, share)
+    assert calls["vision"] == 0
+    trainer._zero3_multi_process = True  # as under multi-process ZeRO-3
+    logps, ent, grads = logps_and_grads(trainer, batch, share)
+    hook.remove()
+    assert calls["vision"] == 2  # one dummy image per chunk of 4 rows (6 rows)
+    assert torch.allclose(logps, plain_logps, atol=1e-6, rtol=0)
+    assert torch.allclose(ent, plain_ent, atol=1e-6, rtol=0)
+    vision = [n for n in grads if trainer.vlm_module.is_vision_module(n)]
+    assert vision and all(not grads[n].any() for n in vision)  # reached by the backward, with zero gradient
+    assert all(torch.allclose(grads[n], g, atol=1e-6, rtol=1e-5) for n, g in plain_grads.items())
