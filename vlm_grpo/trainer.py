@@ -51,23 +51,14 @@ from .reward_guard import guard_reward
 from .samples import samples_path, write_samples
 from .shared_prefix import shared_prefix_generate, shared_prefix_logps, shuffle_groups
 from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
-from .vllm_payload import build_vllm_payload, vllm_generate_kwargs
-
-
-def _prompt_images(example: dict[str, Any]) -> list[Any]:
-    """The images of one dataset row: an `images` list, a single `image`, or none."""
-    if example.get("images") is not None:
-        return list(example["images"])
-    if example.get("image") is not None:
-        return [example["image"]]
-    return []
+from .vllm_payload import build_vllm_payload, row_images, vllm_generate_kwargs
 
 
 def _same_example(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two rows hold the same prompt and pixel-identical images (consecutive rows of one group do)."""
     if a["prompt"] != b["prompt"]:
         return False
-    images_a, images_b = _prompt_images(a), _prompt_images(b)
+    images_a, images_b = row_images(a), row_images(b)
     return len(images_a) == len(images_b) and all(
         x is y or (x.size == y.size and x.mode == y.mode and x.tobytes() == y.tobytes())
         for x, y in zip(images_a, images_b, strict=True)
@@ -78,7 +69,7 @@ def _image_names(example: dict[str, Any]) -> dict[str, list[str]]:
     """`{"image_paths": [...]}` from the row's images when the row has no `image_paths` column."""
     if "image_paths" in example:
         return {}
-    return {"image_paths": [getattr(img, "filename", "") or "" for img in _prompt_images(example)]}
+    return {"image_paths": [getattr(img, "filename", "") or "" for img in row_images(example)]}
 
 
 def _guarded_rewards(reward_funcs: Any) -> list:
@@ -303,7 +294,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             if i > 0 and _same_example(example, examples[i - 1]):
                 encoded.append(encoded[-1])
                 continue
-            images = _prompt_images(example)
+            images = row_images(example)
             messages = prepare_multimodal_messages(example["prompt"], images=images)
             item = self.vlm_module.encode_prompt(self.processing_class, messages, images)
             self._check_context(item, example)

@@ -47,7 +47,7 @@ class VLLMPayload:
     images: list[list[Any] | None] | None
 
 
-def _row_images(row: dict[str, Any]) -> list[Any]:
+def row_images(row: dict[str, Any]) -> list[Any]:
     """The images of one row: an `images` list, a single `image`, or none (as the trainer reads them)."""
     if row.get("images") is not None:
         return list(row["images"])
@@ -118,15 +118,15 @@ def build_vllm_payload(
     images: list[list[Any] | None] = []
     previous: tuple[Any, list[Any]] | None = None
     for i, row in enumerate(examples):
-        prompt, row_images = row["prompt"], _row_images(row)
+        prompt, images_of_row = row["prompt"], row_images(row)
         if not isinstance(prompt, list):
             raise ValueError(
                 f"Row {i}: vLLM payloads need conversational prompts, got {type(prompt).__name__}."
             )
         if (
             previous is not None
-            and len(previous[1]) == len(row_images)
-            and all(a is b for a, b in zip(previous[1], row_images))
+            and len(previous[1]) == len(images_of_row)
+            and all(a is b for a, b in zip(previous[1], images_of_row))
             and previous[0] == prompt
         ):
             texts.append(texts[-1])  # the next copy of the same prompt (groups repeat each prompt G times)
@@ -134,9 +134,11 @@ def build_vllm_payload(
             images.append(images[-1])
             continue
         entries = sum("image" not in part for part in _image_parts(prompt))
-        if entries != len(row_images) and any(isinstance(m.get("content"), list) for m in prompt):
-            raise ValueError(f"Row {i}: the prompt has {entries} image entries but {len(row_images)} images.")
-        messages = prepare_multimodal_messages(prompt, images=row_images)
+        if entries != len(images_of_row) and any(isinstance(m.get("content"), list) for m in prompt):
+            raise ValueError(
+                f"Row {i}: the prompt has {entries} image entries but {len(images_of_row)} images."
+            )
+        messages = prepare_multimodal_messages(prompt, images=images_of_row)
         ordered = [part["image"] for part in _image_parts(messages)]
         text = processor.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
@@ -157,7 +159,7 @@ def build_vllm_payload(
         texts.append(text)
         prompt_ids.append(ids)
         images.append(ordered or None)
-        previous = (prompt, row_images)
+        previous = (prompt, images_of_row)
     return VLLMPayload(texts, prompt_ids, images if any(x is not None for x in images) else None)
 
 
