@@ -203,9 +203,8 @@ def test_zero3_reference_model_is_the_vlm_sharded_like_the_policy(tiny_model, tm
 
 
 # ---------------------------------------------------------------------------------------- 4. train_grpo.sh, 1 node
-@pytest.mark.parametrize(
-    ("name", "extra", "zero_stage"), [("ddp", (), None), ("zero3", ("--deepspeed", ZERO3), 3)]
-)
+# ZeRO-3 through the same torchrun command is covered by `test_torchrun[zero3]`.
+@pytest.mark.parametrize(("name", "extra", "zero_stage"), [("ddp", (), None)])
 def test_train_grpo_sh_single_node(tiny_model, tmp_path, deepspeed_cpu_ops, name, extra, zero_stage):
     """`NPROC_PER_NODE=2 DEEPSPEED= bash local_scripts/train_grpo.sh CONFIG.yaml --field value [--deepspeed ...]`:
     plain DDP, and ZeRO-3 asked for by a flag that the script forwards."""
