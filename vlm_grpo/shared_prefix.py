@@ -194,6 +194,9 @@ def shared_prefix_logps(
     prompt_len = input_ids.size(1) - logits_to_keep  # P
     groups = find_groups(input_ids[:, :prompt_len], mm_list)
     positions = module.position_ids(base_model, input_ids, attention_mask, mm_list)  # None or [..., B, P+C]
+    suffix_ids = input_ids[:, prompt_len - 1 :]  # [B, C+1]: last prompt token, then the completion
+    labels = suffix_ids[:, 1:].masked_fill(attention_mask[:, prompt_len:] == 0, -100)  # [B, C]
+    shift_labels = torch.cat([labels, labels.new_full((labels.size(0), 1), -100)], dim=1)  # [B, C+1]
     with checkpointed_layers_keep_cache(model):
         cache = _prefix_cache(
             model,
@@ -206,13 +209,9 @@ def shared_prefix_logps(
             positions,
             ReplayableCache(base_model.config),
         )
-    suffix_ids = input_ids[:, prompt_len - 1 :]  # [B, C+1]: last prompt token, then the completion
-    labels = suffix_ids[:, 1:].masked_fill(attention_mask[:, prompt_len:] == 0, -100)  # [B, C]
-    shift_labels = torch.cat([labels, labels.new_full((labels.size(0), 1), -100)], dim=1)  # [B, C+1]
-    inputs = {"input_ids": suffix_ids, "attention_mask": attention_mask, "past_key_values": cache}
-    if positions is not None:
-        inputs["position_ids"] = positions[..., prompt_len - 1 :]
-    with checkpointed_layers_keep_cache(model):
+        inputs = {"input_ids": suffix_ids, "attention_mask": attention_mask, "past_key_values": cache}
+        if positions is not None:
+            inputs["position_ids"] = positions[..., prompt_len - 1 :]
         outputs = model(**inputs, shift_labels=shift_labels, fused_lm_head=True)
     logps = outputs.log_probs[:, :logits_to_keep]  # [B, C]
     entropies = outputs.entropy[:, :logits_to_keep] if compute_entropy else None
