@@ -6,10 +6,16 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 from trl import GRPOConfig, ModelConfig
+
+from .errors import VLMGRPOError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,6 +64,7 @@ class VLMGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        self.resolve_bf16()
         super().__post_init__()
         if self.log_samples_steps < 0:
             raise ValueError(f"log_samples_steps must be >= 0, got {self.log_samples_steps}.")
@@ -69,6 +76,26 @@ class VLMGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})."
             )
+
+    def resolve_bf16(self) -> None:
+        """Turn bf16 off where it cannot run, unless the user asked for it.
+
+        TRL's `bf16` defaults to None, read as "on unless fp16 is on"; transformers then refuses bf16 on a machine
+        without bf16 support ("Your setup doesn't support bf16/gpu"). Left unset there, bf16 is turned off here
+        with one log line, so a recipe trains on a CPU without extra flags. Set to True there (in the YAML or on
+        the command line), it is an error naming the flag. With `use_cpu`, transformers runs bf16 on the CPU and
+        nothing changes.
+        """
+        if self.use_cpu or is_torch_bf16_gpu_available() or is_torch_xla_available():
+            return
+        if self.bf16:
+            raise VLMGRPOError(
+                "bf16: true, but this machine has no accelerator with bf16 support: remove bf16 (it then turns off "
+                "by itself), set bf16: false, or add use_cpu: true to run bf16 on the CPU."
+            )
+        if self.bf16 is None and not self.fp16:
+            logger.info("No accelerator with bf16 support: bf16 is off, training runs in float32.")
+            self.bf16 = False
 
     def image_size_kwargs(self) -> dict[str, Any]:
         """The image-size knobs as keyword arguments for `VLMModule.load_processor`."""
