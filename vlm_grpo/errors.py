@@ -10,6 +10,15 @@ from collections.abc import Callable
 
 import yaml
 
+
+class VLMGRPOError(ValueError):
+    """Bad input found by `vlm_grpo`'s own validation: a config, data file, reward, model folder or option.
+
+    The message is one line that names what is wrong and where (file, record, key, option) and says what to do.
+    Commands print it as one line and exit with status 1; any other exception is a bug and keeps its traceback.
+    It subclasses `ValueError` so that code catching TRL's validation errors catches ours too.
+    """
+
 # Errors raised for bad input: configs, data, rewards, models. Anything else is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
