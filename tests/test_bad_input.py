@@ -10,6 +10,7 @@ from conftest import color_dataset, grpo_args, length_reward, square_image, writ
 from PIL import Image
 
 from vlm_grpo import VLMGRPOTrainer
+from vlm_grpo.rollout import load_rows
 from vlm_grpo.checkpoints import is_complete
 from vlm_grpo.cli import main as cli_main
 
@@ -157,7 +158,7 @@ def test_image_above_pixel_limit_is_resized(tiny_model, tmp_path):
         train_dataset=color_dataset(8),
     )
     big = {"prompt": color_dataset(1)[0]["prompt"], "images": [square_image("red", size=1024)]}
-    encoded = trainer._encode_examples([big])[0]
+    encoded = trainer._encode_prompts(load_rows([big]))[0]
     image_tokens = sum(t == trainer.model.config.image_token_id for t in encoded.input_ids)
     assert image_tokens == 4  # 56x56 pixels at most: 4 merged patches, whatever the input size
 
@@ -172,7 +173,7 @@ def test_prompt_longer_than_context_is_explained(tiny_model, tmp_path):
     trainer.context_length = 12  # as if the model had a 12-token context
     row = color_dataset(1, images_per_prompt=2)[0]
     with pytest.raises(ValueError, match=r"8 of them for its 2 image\(s\).*context of 12 tokens.*max_pixels"):
-        trainer._encode_examples([row])
+        trainer._encode_prompts(load_rows([row]))
 
 
 def test_trust_remote_code_is_off_by_default():

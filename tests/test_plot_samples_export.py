@@ -11,11 +11,12 @@ from PIL import Image
 from trl.data_utils import prepare_multimodal_messages
 
 from vlm_grpo import VLMGRPOTrainer, get_vlm_module
+from vlm_grpo.cli import main as cli_main
+from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.export import export_merged
-from vlm_grpo.export import main as export_main
-from vlm_grpo.plot import find_trainer_state, load_log_history, plot_run
-from vlm_grpo.plot import main as plot_main
-from vlm_grpo.samples import read_samples, render_html, samples_path, write_samples
+from vlm_grpo.plot import find_trainer_state, load_log_history, plot_run, plot_title
+from vlm_grpo.sample_log import samples_path, write_samples
+from vlm_grpo.samples import read_samples, render_html
 
 # ------------------------------------------------------------------------------------------------------ plot
 
@@ -61,16 +62,25 @@ def test_newest_checkpoint_state_wins_and_custom_output(tmp_path):
 
 
 def test_plot_errors_name_the_path(tmp_path, capsys):
-    with pytest.raises(ValueError, match=str(tmp_path)):
+    with pytest.raises(VLMGRPOError, match=str(tmp_path)):
         plot_run(tmp_path)
     (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 0, "log_history": []}))
-    with pytest.raises(ValueError, match="no training log entries"):
+    with pytest.raises(VLMGRPOError, match="no training log entries"):
         plot_run(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        plot_main([str(tmp_path / "missing")])
-    assert exit_info.value.code == 2
+        cli_main(["plot", str(tmp_path / "missing")])
+    assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert str(tmp_path / "missing") in err and len(err.strip().splitlines()) == 1
+
+
+def test_plot_title_names_the_run_not_its_path(tmp_path):
+    _write_state(tmp_path / "my_run" / "checkpoint-3", 3)
+    state = find_trainer_state(tmp_path / "my_run")
+    assert plot_title(tmp_path / "my_run", state) == "my_run: checkpoint-3/trainer_state.json"
+    relative = tmp_path / "my_run" / "." / "checkpoint-3" / ".."  # a relative-looking spelling of the folder
+    assert plot_title(relative, state) == "my_run: checkpoint-3/trainer_state.json"
+    assert str(tmp_path) not in plot_title(tmp_path / "my_run", state)
 
 
 # --------------------------------------------------------------------------------------------------- samples
@@ -112,6 +122,8 @@ def test_write_read_and_render_samples(tmp_path):
         assert f"step{step} answer &lt;i&gt;one&lt;/i&gt;" in page and f"step{step} answer two" in page
     assert page.index("step 2") < page.index("step 10")
     assert "0.7071" in page and "-0.7071" in page
+    head = page[: page.index("<body>")]
+    assert f"<title>Samples of {tmp_path.name}</title>" in head and str(tmp_path.parent) not in head
 
 
 def test_inline_images_are_at_most_256_pixels(tmp_path):
@@ -133,13 +145,13 @@ def test_malformed_sample_line_names_file_and_line(tmp_path):
     write_samples(path, [_record(3, [])])
     with path.open("a") as f:
         f.write("{not json\n")
-    with pytest.raises(ValueError, match=r"step_000003\.jsonl, line 2"):
+    with pytest.raises(VLMGRPOError, match=r"step_000003\.jsonl, line 2"):
         read_samples(tmp_path)
     path.write_text('["a list"]\n')
-    with pytest.raises(ValueError, match="line 1: not a sample record"):
+    with pytest.raises(VLMGRPOError, match="line 1: not a sample record"):
         render_html(tmp_path)
     path.unlink()
-    with pytest.raises(ValueError, match="no samples in"):
+    with pytest.raises(VLMGRPOError, match="no samples in"):
         render_html(tmp_path)
 
 
@@ -164,7 +176,7 @@ def test_export_merges_lora_exactly(tiny_model, tmp_path):
     ids = torch.tensor([encoded.input_ids])
 
     model = module.load_model(base_path, **module.model_init_kwargs(dtype="float32")).eval()
-    inputs = module.model_inputs(model.config, ids, torch.ones_like(ids), [encoded.mm])
+    inputs = module.model_inputs(model.config, ids, torch.ones_like(ids), [encoded.image_inputs])
     base_logits = _logits(model, inputs)
     peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).eval()
     generator = torch.Generator().manual_seed(0)
@@ -193,8 +205,8 @@ def test_export_refuses_a_missing_adapter(tiny_model, tmp_path, capsys):
     base_path = tiny_model("qwen2_vl")
     args = ["--model", base_path, "--adapter", str(tmp_path / "nope"), "--out", str(tmp_path / "merged")]
     with pytest.raises(SystemExit) as exit_info:
-        export_main(args)
-    assert exit_info.value.code == 2
+        cli_main(["export", *args])
+    assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip()
     assert "adapter folder" in err and str(tmp_path / "nope") in err and len(err.splitlines()) == 1
     (tmp_path / "empty").mkdir()

@@ -16,6 +16,7 @@ from transformers import GenerationConfig
 from trl.trainer.utils import pad
 
 from vlm_grpo import VLMGRPOTrainer
+from vlm_grpo.rollout import load_rows
 from vlm_grpo.shared_prefix import find_groups, shared_prefix_generate, shuffle_groups
 
 G = 3  # completions per prompt in the hand-built batches
@@ -34,7 +35,7 @@ def make_trainer(path, tmp_path, **overrides) -> VLMGRPOTrainer:
 def rollout_batch(trainer: VLMGRPOTrainer, rows: list[dict], seed: int = 0):
     """Rows repeated G times, encoded by the trainer, with random completions of 1 to 5 tokens."""
     batch = [r for r in rows for _ in range(G)]
-    encoded = trainer._encode_examples(batch)
+    encoded = trainer._encode_prompts(load_rows(batch))
     gen = torch.Generator().manual_seed(seed)
     allowed = torch.tensor([i for i in range(60) if i not in trainer.placeholder_token_ids])
     completions = [
@@ -52,7 +53,7 @@ def rollout_batch(trainer: VLMGRPOTrainer, rows: list[dict], seed: int = 0):
         "input_ids": torch.cat([prompt_ids, completion_ids], 1),  # [B, P+C]
         "attention_mask": torch.cat([prompt_mask, completion_mask], 1),
         "completion_mask": completion_mask,
-        "mm": [e.mm for e in encoded],
+        "mm": [e.image_inputs for e in encoded],
     }
 
 
@@ -67,7 +68,7 @@ def logps_and_grads(trainer: VLMGRPOTrainer, batch: dict, share: bool, micro_bat
         batch["completion_mask"].size(1),
         micro_batch,  # default 4 rows: smaller than the batch of 18, and cutting groups of G=3
         compute_entropy=True,
-        mm_inputs=batch["mm"],
+        image_inputs=batch["mm"],
     )
     weights = torch.linspace(-1, 1, logps.numel()).view_as(
         logps
@@ -117,7 +118,9 @@ def test_shared_prefix_generation_matches_generate(family, tiny_model, tmp_path)
         batch = rollout_batch(trainer, rows)
         ids, mask, mm = batch["prompt_ids"], batch["prompt_mask"], batch["mm"]
         with torch.no_grad():
-            full = model.generate(**trainer._model_inputs(model, ids, mask, mm), generation_config=config)
+            full = model.generate(
+                **trainer.vlm_module.model_inputs(model.config, ids, mask, mm), generation_config=config
+            )
             shared = shared_prefix_generate(
                 model, model, trainer.vlm_module, ids, mask, mm, generation_config=config
             )
@@ -199,7 +202,7 @@ def test_shuffle_groups_keeps_groups_together():
     batch = {
         "prompt_ids": torch.tensor([[g, g] for g in rows]),
         "advantages": torch.tensor(rows, dtype=torch.float),
-        "mm_inputs": [mms[g] for g in rows],
+        "image_inputs": [mms[g] for g in rows],
         "num_items_in_batch": torch.tensor(15),
     }
     out = shuffle_groups(batch)
@@ -207,7 +210,7 @@ def test_shuffle_groups_keeps_groups_together():
     assert sorted(order) == rows and order != rows
     assert all(len(set(order[i : i + 3])) == 1 for i in range(0, 15, 3))
     assert out["advantages"].tolist() == [float(g) for g in order]
-    assert all(mm is mms[g] for mm, g in zip(out["mm_inputs"], order, strict=True))
+    assert all(mm is mms[g] for mm, g in zip(out["image_inputs"], order, strict=True))
     assert out["num_items_in_batch"].item() == 15
 
 

@@ -8,12 +8,8 @@ from transformers import AutoConfig
 from trl.data_utils import prepare_multimodal_messages
 
 from vlm_grpo.models import get_vlm_module
-from vlm_grpo.vllm_payload import (
-    build_vllm_payload,
-    image_placeholder,
-    vllm_generate_kwargs,
-    vllm_prompt_inputs,
-)
+from vlm_grpo.rollout import load_rows
+from vlm_grpo.vllm_payload import build_vllm_payload, vllm_generate_kwargs, vllm_prompt_inputs
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +47,8 @@ def collapse_runs(ids, token_id):
 def test_one_placeholder_per_image(family, images_per_prompt, family_setup):
     module, processor, image_token_id = family_setup(family)
     rows = color_rows(3, images_per_prompt=images_per_prompt)
-    payload = build_vllm_payload(processor, rows)
-    token, token_id = image_placeholder(processor)
+    payload = build_vllm_payload(processor, module, load_rows(rows))
+    token, token_id = module.prompt_image_token(processor)
     for row, text, ids in zip(rows, payload.texts, payload.prompt_ids, strict=True):
         assert text.count(token) == images_per_prompt
         assert ids.count(token_id) == images_per_prompt
@@ -65,10 +61,10 @@ def test_one_placeholder_per_image(family, images_per_prompt, family_setup):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_images_are_the_rows_own_objects_in_order(family, family_setup):
-    _, processor, _ = family_setup(family)
+    module, processor, _ = family_setup(family)
     rows = color_rows(2, images_per_prompt=2)
     single = {"prompt": color_rows(1)[0]["prompt"], "image": square_image("blue")}
-    payload = build_vllm_payload(processor, [*rows, single])
+    payload = build_vllm_payload(processor, module, load_rows([*rows, single]))
     for row, images in zip(rows, payload.images[:2], strict=True):
         assert len(images) == 2 and all(a is b for a, b in zip(images, row["images"], strict=True))
     assert payload.images[2][0] is single["image"]
@@ -76,34 +72,35 @@ def test_images_are_the_rows_own_objects_in_order(family, family_setup):
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "internvl", "gemma3"])
 def test_text_only_rows_get_no_images(family, family_setup):
-    _, processor, _ = family_setup(family)
-    token, token_id = image_placeholder(processor)
-    mixed = build_vllm_payload(processor, color_rows(4, text_only_every=2))
+    module, processor, _ = family_setup(family)
+    token, token_id = module.prompt_image_token(processor)
+    mixed = build_vllm_payload(processor, module, load_rows(color_rows(4, text_only_every=2)))
     assert [x is None for x in mixed.images] == [False, True, False, True]
     assert mixed.prompt_ids[1].count(token_id) == 0 and token not in mixed.texts[1]
     inputs = vllm_prompt_inputs(mixed)
     assert (
         "multi_modal_data" not in inputs[1] and inputs[0]["multi_modal_data"]["image"] is mixed.images[0][0]
     )
-    text_only = build_vllm_payload(processor, [color_rows(2, text_only_every=1)[0]])
+    text_only = build_vllm_payload(processor, module, load_rows([color_rows(2, text_only_every=1)[0]]))
     assert text_only.images is None  # TRL wants None, not [None], when no row has an image
 
 
 def test_group_copies_share_one_rendering(family_setup):
-    _, processor, _ = family_setup("qwen2_5_vl")
+    module, processor, _ = family_setup("qwen2_5_vl")
     row = color_rows(1)[0]
-    payload = build_vllm_payload(processor, [row] * 3)
+    shared = [expanded_ids(module, processor, row)] * 3  # the trainer's encoding, one object per group
+    payload = build_vllm_payload(processor, module, load_rows([row] * 3), shared)
     assert payload.texts == [payload.texts[0]] * 3 and payload.prompt_ids == [payload.prompt_ids[0]] * 3
     assert all(images[0] is row["images"][0] for images in payload.images)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_image_entries_must_match_images(family, family_setup):
-    _, processor, _ = family_setup(family)
+    module, processor, _ = family_setup(family)
     row = color_rows(1, images_per_prompt=2)[0]
     row["images"] = row["images"][:1]
     with pytest.raises(ValueError, match=r"^Row 0: the prompt has 2 image entries but 1 images\.$"):
-        build_vllm_payload(processor, [row])
+        build_vllm_payload(processor, module, load_rows([row]))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -115,13 +112,13 @@ def test_expanded_placeholders_are_rejected(family, family_setup):
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": expanded_text}]}
     ]
     with pytest.raises(ValueError, match=r"^Row 1: the prompt holds \d+ image tokens for 1 image\(s\)"):
-        build_vllm_payload(processor, [color_rows(1)[0], row])
+        build_vllm_payload(processor, module, load_rows([color_rows(1)[0], row]))
 
 
 def test_generate_kwargs_per_mode(family_setup):
     module, processor, _ = family_setup("qwen2_vl")
     rows = [r for r in color_rows(2, text_only_every=2) for _ in range(2)]  # G = 2 copies per prompt
-    payload = build_vllm_payload(processor, rows)
+    payload = build_vllm_payload(processor, module, load_rows(rows))
     expanded = [expanded_ids(module, processor, r).input_ids for r in rows]
     colocate = vllm_generate_kwargs(payload, 2)
     assert colocate == {"prompts": payload.prompt_ids, "images": payload.images, "num_generations": 2}
@@ -133,13 +130,12 @@ def test_generate_kwargs_per_mode(family_setup):
 
 
 def test_trainer_refuses_vllm_with_importance_sampling_correction(tiny_model, tmp_path):
-    from conftest import color_dataset, grpo_args, length_reward
+    from conftest import grpo_args
 
-    from vlm_grpo import VLMGRPOTrainer
+    from vlm_grpo.errors import VLMGRPOError
 
-    args = grpo_args(tmp_path, use_vllm=True, vllm_importance_sampling_correction=True)
-    with pytest.raises(ValueError, match="set vllm_importance_sampling_correction: false"):
-        VLMGRPOTrainer(tiny_model("qwen2_vl"), length_reward, args=args, train_dataset=color_dataset(4))
+    with pytest.raises(VLMGRPOError, match="set vllm_importance_sampling_correction: false"):
+        grpo_args(tmp_path, use_vllm=True, vllm_importance_sampling_correction=True)
 
 
 @pytest.mark.vllm
@@ -182,7 +178,7 @@ def test_vllm_generates_from_payload(family, tmp_path):
     module = get_vlm_module(path)
     processor = module.load_processor(path)
     rows = color_rows(2, images_per_prompt=2) + color_rows(2, text_only_every=1)[:1]
-    payload = build_vllm_payload(processor, rows)
+    payload = build_vllm_payload(processor, module, load_rows(rows))
     llm = vllm.LLM(
         model=path,
         max_model_len=512,

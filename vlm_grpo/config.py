@@ -14,6 +14,7 @@ from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_availab
 from trl import GRPOConfig, ModelConfig
 
 from .errors import VLMGRPOError
+from .trl_options import refused_options
 
 logger = logging.getLogger(__name__)
 
@@ -65,15 +66,31 @@ class VLMGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         self.resolve_bf16()
-        super().__post_init__()
+        try:
+            super().__post_init__()
+        except (
+            ValueError
+        ) as error:  # TRL's and transformers' own checks of these options: bad input, one line
+            raise VLMGRPOError(" ".join(str(error).split())) from error
+        refused = refused_options(self)
+        if refused:
+            raise VLMGRPOError(refused[0])
+        if self.sync_ref_model and self.beta == 0.0:
+            raise VLMGRPOError(
+                "sync_ref_model: true with beta: 0.0: there is no reference model to sync (as in TRL); set "
+                "sync_ref_model: false, or set beta to a non-zero value."
+            )
         if self.log_samples_steps < 0:
-            raise ValueError(f"log_samples_steps must be >= 0, got {self.log_samples_steps}.")
-        for name in ("min_pixels", "max_pixels", "max_tiles"):
-            value = getattr(self, name)
+            raise VLMGRPOError(f"log_samples_steps must be >= 0, got {self.log_samples_steps}.")
+        for name, value in (
+            ("min_pixels", self.min_pixels),
+            ("max_pixels", self.max_pixels),
+            ("max_tiles", self.max_tiles),
+        ):
             if value is not None and value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}.")
+                raise VLMGRPOError(f"{name} must be a positive integer, got {value}.")
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
-            raise ValueError(
+            raise VLMGRPOError(
                 f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})."
             )
 
@@ -114,4 +131,4 @@ class VLMModelConfig(ModelConfig):
     def __post_init__(self):
         super().__post_init__()
         if (self.load_in_4bit or self.load_in_8bit) and not self.use_peft:
-            raise ValueError("load_in_4bit/load_in_8bit train only adapters: also set use_peft: true.")
+            raise VLMGRPOError("load_in_4bit/load_in_8bit train only adapters: also set use_peft: true.")

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from transformers.trainer_utils import set_seed
 from trl.data_utils import prepare_multimodal_messages
-from trl.trainer.utils import pad
 
 from .data import load_data_config
 from .device import default_device
 from .models import VLMModule, get_vlm_module
 from .rewards import build_rewards
+from .rollout import load_rows, pad_rows
 
 _NOT_REWARD_COLUMNS = ("prompt", "images", "image")
 
@@ -53,15 +53,14 @@ def generate_texts(
     """
     device = next(model.parameters()).device
     encoded = []
-    for row in rows:
-        images = list(row.get("images") or [])
-        messages = prepare_multimodal_messages(row["prompt"], images=images)
-        encoded.append(module.encode_prompt(processor, messages, images))
-    ids = pad([torch.tensor(e.input_ids) for e in encoded], processor.tokenizer.pad_token_id, "left").to(
-        device
-    )
-    mask = pad([torch.ones(len(e.input_ids), dtype=torch.long) for e in encoded], 0, "left").to(device)
-    inputs = module.model_inputs(model.config, ids, mask, [e.mm for e in encoded])  # [B, P] + image tensors
+    for row in load_rows(rows):
+        messages = prepare_multimodal_messages(row["prompt"], images=row["images"])
+        encoded.append(module.encode_prompt(processor, messages, row["images"]))
+    ids, mask = pad_rows([e.input_ids for e in encoded], processor.tokenizer.pad_token_id, "left")  # [B, P]
+    ids, mask = ids.to(device), mask.to(device)
+    inputs = module.model_inputs(
+        model.config, ids, mask, [e.image_inputs for e in encoded]
+    )  # + image tensors
     eos = module.eos_token_ids(processor, model)
     output = model.generate(
         **inputs,

@@ -8,8 +8,8 @@ are ordinary calls of the (wrapped) model, so gradients reach the prompt part, t
 the cache, and ZeRO-3, DDP and PEFT wrappers see normal forwards. Under (non-reentrant) gradient checkpointing
 the cache is a `ReplayableCache`, which a layer's backward replay leaves unchanged.
 
-Rows of one group are consecutive and share the same per-sample image dict object (see `VLMGRPOTrainer`); that is
-how groups are found. Positions that depend on the images (Qwen's M-RoPE) are computed by the per-model module over
+Rows of one group are consecutive and share one per-sample image dict object: the trainer encodes the rows that
+`vlm_grpo.rollout.same_prompt` calls equal once, and that shared object is how groups are found. Positions that depend on the images (Qwen's M-RoPE) are computed by the per-model module over
 the full rows, so both forwards use exactly the positions of one full forward.
 """
 
@@ -46,15 +46,15 @@ class PromptGroups:
         return torch.bincount(self.index, minlength=len(self.first)).tolist()
 
 
-def find_groups(prompt_ids: torch.Tensor, mm_list: Sequence[dict]) -> PromptGroups:
+def find_groups(prompt_ids: torch.Tensor, image_inputs: Sequence[dict]) -> PromptGroups:
     """Group consecutive rows whose prompt ids are equal and whose image dict is the same object.
 
     Args:
         prompt_ids (`torch.Tensor`): `[B, P]` left-padded prompt ids (padding included in the comparison).
-        mm_list (`Sequence[dict]`): the B per-sample image dicts; copies of one prompt share one object.
+        image_inputs (`Sequence[dict]`): the B per-sample image dicts; copies of one prompt share one object.
     """
     same = [
-        i > 0 and mm_list[i] is mm_list[i - 1] and torch.equal(prompt_ids[i], prompt_ids[i - 1])
+        i > 0 and image_inputs[i] is image_inputs[i - 1] and torch.equal(prompt_ids[i], prompt_ids[i - 1])
         for i in range(prompt_ids.size(0))
     ]
     starts = [i for i, s in enumerate(same) if not s]
@@ -62,14 +62,14 @@ def find_groups(prompt_ids: torch.Tensor, mm_list: Sequence[dict]) -> PromptGrou
     return PromptGroups(first=torch.tensor(starts, dtype=torch.long), index=index)
 
 
-def shuffle_groups(batch: dict[str, Any], mm_key: str = "mm_inputs") -> dict[str, Any]:
+def shuffle_groups(batch: dict[str, Any], key: str = "image_inputs") -> dict[str, Any]:
     """Shuffle a generation batch by whole groups (rows of a group stay together and in order).
 
     Args:
         batch (`dict`): per-row tensors `[B, ...]` and lists of length B; 0-d tensors are left as they are.
-        mm_key (`str`, defaults to "mm_inputs"): the list of per-sample image dicts used to find groups.
+        key (`str`, defaults to "image_inputs"): the list of per-sample image dicts used to find groups.
     """
-    groups = find_groups(batch["prompt_ids"], batch[mm_key])
+    groups = find_groups(batch["prompt_ids"], batch[key])
     order = torch.randperm(len(groups.first))
     rows = torch.cat([torch.nonzero(groups.index == g).flatten() for g in order])  # [B]
 
@@ -137,7 +137,7 @@ def _prefix_cache(
     module: VLMModule,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
-    mm_list: Sequence[dict],
+    image_inputs: Sequence[dict],
     groups: PromptGroups,
     positions: torch.Tensor | None,
     cache: ReplayableCache | None = None,
@@ -152,7 +152,7 @@ def _prefix_cache(
         base_model.config,
         prompt_ids[first, :-1],  # [U, P-1]
         prompt_mask[first, :-1],
-        [mm_list[i] for i in groups.first.tolist()],
+        [image_inputs[i] for i in groups.first.tolist()],
     )
     if positions is not None:
         inputs["position_ids"] = positions[..., first, : prompt_ids.size(1) - 1]
@@ -172,7 +172,7 @@ def shared_prefix_logps(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     logits_to_keep: int,
-    mm_list: Sequence[dict],
+    image_inputs: Sequence[dict],
     compute_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of the completions, with each group's prompt computed once.
@@ -185,15 +185,17 @@ def shared_prefix_logps(
         input_ids (`torch.Tensor`): `[B, P+C]` left-padded prompts followed by right-padded completions.
         attention_mask (`torch.Tensor`): `[B, P+C]`.
         logits_to_keep (`int`): C, the completion length.
-        mm_list (`Sequence[dict]`): the B per-sample image dicts.
+        image_inputs (`Sequence[dict]`): the B per-sample image dicts.
         compute_entropy (`bool`, defaults to False): also return per-token entropies.
 
     Returns:
         `(logps [B, C], entropies [B, C] | None)`, equal to those of one full forward of the rows.
     """
     prompt_len = input_ids.size(1) - logits_to_keep  # P
-    groups = find_groups(input_ids[:, :prompt_len], mm_list)
-    positions = module.position_ids(base_model, input_ids, attention_mask, mm_list)  # None or [..., B, P+C]
+    groups = find_groups(input_ids[:, :prompt_len], image_inputs)
+    positions = module.position_ids(
+        base_model, input_ids, attention_mask, image_inputs
+    )  # None or [..., B, P+C]
     suffix_ids = input_ids[:, prompt_len - 1 :]  # [B, C+1]: last prompt token, then the completion
     labels = suffix_ids[:, 1:].masked_fill(attention_mask[:, prompt_len:] == 0, -100)  # [B, C]
     shift_labels = torch.cat([labels, labels.new_full((labels.size(0), 1), -100)], dim=1)  # [B, C+1]
@@ -204,7 +206,7 @@ def shared_prefix_logps(
             module,
             input_ids[:, :prompt_len],
             attention_mask[:, :prompt_len],
-            mm_list,
+            image_inputs,
             groups,
             positions,
             ReplayableCache(base_model.config),
@@ -224,7 +226,7 @@ def shared_prefix_generate(
     module: VLMModule,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
-    mm_list: Sequence[dict],
+    image_inputs: Sequence[dict],
     **generate_kwargs: Any,
 ) -> torch.Tensor:
     """`model.generate` with each group's prompt prefilled once; the G rows of a group continue from one cache.
@@ -235,16 +237,16 @@ def shared_prefix_generate(
         module (`VLMModule`): the family's module.
         prompt_ids (`torch.Tensor`): `[B, P]` left-padded prompt ids, each prompt repeated for its G rows.
         prompt_mask (`torch.Tensor`): `[B, P]`.
-        mm_list (`Sequence[dict]`): the B per-sample image dicts.
+        image_inputs (`Sequence[dict]`): the B per-sample image dicts.
         **generate_kwargs: passed to `generate` (e.g. `generation_config`).
 
     Returns:
         `[B, P+C]` the prompts followed by the sampled completions, as `generate` returns them.
     """
-    groups = find_groups(prompt_ids, mm_list)
-    positions = module.position_ids(base_model, prompt_ids, prompt_mask, mm_list, generation=True)
-    cache = _prefix_cache(model, base_model, module, prompt_ids, prompt_mask, mm_list, groups, positions)
-    module.prepare_generation_from_cache(base_model, prompt_ids, prompt_mask, mm_list)
+    groups = find_groups(prompt_ids, image_inputs)
+    positions = module.position_ids(base_model, prompt_ids, prompt_mask, image_inputs, generation=True)
+    cache = _prefix_cache(model, base_model, module, prompt_ids, prompt_mask, image_inputs, groups, positions)
+    module.prepare_generation_from_cache(base_model, prompt_ids, prompt_mask, image_inputs)
     return model.generate(
         input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, **generate_kwargs
     )

@@ -23,7 +23,7 @@ def dummy_image_prompt(module: VLMModule, processor: ProcessorMixin, device: tor
     """A one-image prompt (a 56x56 black image, no text) encoded by the family's module, tensors on `device`."""
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": ""}]}]
     item = module.encode_prompt(processor, messages, [Image.new("RGB", (56, 56))])
-    item.mm = {k: v.to(device) for k, v in item.mm.items()}
+    item.image_inputs = {k: v.to(device) for k, v in item.image_inputs.items()}
     return item
 
 
@@ -31,7 +31,7 @@ def add_dummy_row(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     logits_to_keep: int,
-    mm_list: Sequence[dict],
+    image_inputs: Sequence[dict],
     dummy: EncodedPrompt,
     pad_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
@@ -41,12 +41,12 @@ def add_dummy_row(
         input_ids (`torch.Tensor`): `[b, P+C]` left-padded prompts followed by completions.
         attention_mask (`torch.Tensor`): `[b, P+C]`.
         logits_to_keep (`int`): C.
-        mm_list (`Sequence[dict]`): the b per-sample image dicts.
+        image_inputs (`Sequence[dict]`): the b per-sample image dicts.
         dummy (`EncodedPrompt`): from `dummy_image_prompt`.
         pad_id (`int`): the tokenizer's pad id.
 
     Returns:
-        `(input_ids [b+1, P'+C], attention_mask [b+1, P'+C], mm_list + [dummy.mm])`; the dummy row's first
+        `(input_ids [b+1, P'+C], attention_mask [b+1, P'+C], image_inputs + [dummy.image_inputs])`; the dummy row's first
         completion token (a pad token) is unmasked so that its log-prob depends on the image.
     """
     prompt_len = input_ids.size(1) - logits_to_keep
@@ -61,7 +61,7 @@ def add_dummy_row(
     ids[0, width - len(dummy.input_ids) : width] = torch.tensor(dummy.input_ids)
     mask = torch.zeros_like(ids)
     mask[0, width - len(dummy.input_ids) : width + 1] = 1  # the prompt and one completion token
-    return torch.cat([input_ids, ids]), torch.cat([attention_mask, mask]), [*mm_list, dummy.mm]
+    return torch.cat([input_ids, ids]), torch.cat([attention_mask, mask]), [*image_inputs, dummy.image_inputs]
 
 
 def drop_dummy_row(values: torch.Tensor) -> torch.Tensor:

@@ -9,13 +9,13 @@ Colocate mode hands each row to `LLM.generate` as `{"prompt_token_ids": ids, "mu
 and vLLM's own processor expands the image placeholders, so the ids must hold ONE placeholder per image as the chat
 template writes it (Qwen `<|image_pad|>`, InternVL `<IMG_CONTEXT>`, Gemma 3 `<start_of_image>`); processor-expanded
 ids get expanded twice (TRL issue #6294). Server mode places server-computed image features on the runs of image
-tokens instead, so it needs the processor-expanded ids. Wiring in `VLMGRPOTrainer._sample_completions`::
+tokens instead, so it needs the processor-expanded ids. Wiring in `VLMGRPOTrainer._sample_with_vllm`::
 
-    payload = build_vllm_payload(self.processing_class, rows)
-    kwargs = vllm_generate_kwargs(payload, self.num_generations, self.vllm_mode, expanded_prompt_ids=prompt_ids)
+    payload = build_vllm_payload(self.processing_class, self.vlm_module, rows, encoded, chat_template_kwargs)
+    kwargs = vllm_generate_kwargs(payload, num_generations, self.vllm_mode, expanded_prompt_ids=prompt_ids)
     _, completion_ids, logprobs, _ = self.vllm_generation.generate(
         **kwargs, profiler=profiling_context(self, "vLLM.generate"))
-    old_logps = [[lp[0] for lp in seq] for seq in logprobs]  # sampled-token log-probs, if needed
+    sampling_logps = [[lp[0] for lp in seq] for seq in logprobs]  # sampled-token log-probs
 
 Training keeps the processor-expanded ids and image tensors; only the completions come from vLLM.
 """
@@ -28,7 +28,8 @@ from typing import Any
 
 from trl.data_utils import prepare_multimodal_messages
 
-_PROBE = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}]
+from .errors import VLMGRPOError
+from .models import VLMModule
 
 
 @dataclass
@@ -47,40 +48,6 @@ class VLLMPayload:
     images: list[list[Any] | None] | None
 
 
-def row_images(row: dict[str, Any]) -> list[Any]:
-    """The images of one row: an `images` list, a single `image`, or none (as the trainer reads them)."""
-    if row.get("images") is not None:
-        return list(row["images"])
-    return [row["image"]] if row.get("image") is not None else []
-
-
-def _token_id(tokenizer: Any, token: str | None) -> int | None:
-    """Id of `token`, or None when it is missing or unknown to the tokenizer."""
-    token_id = tokenizer.convert_tokens_to_ids(token) if token else None
-    return None if token_id is None or token_id == tokenizer.unk_token_id else int(token_id)
-
-
-def image_placeholder(processor: Any) -> tuple[str, int]:
-    """`(token, id)` the chat template of `processor` (`ProcessorMixin`) writes once per image, found by rendering
-    a one-image prompt: e.g. `("<|image_pad|>", 151655)` for Qwen, `("<start_of_image>", 255999)` for Gemma 3."""
-    tokenizer = processor.tokenizer
-    probe = processor.apply_chat_template(_PROBE, add_generation_prompt=True, tokenize=False)
-    for owner in (processor, tokenizer):
-        for attr in ("image_token", "boi_token", "start_image_token"):
-            token = getattr(owner, attr, None)
-            if isinstance(token, str) and probe.count(token) == 1 and _token_id(tokenizer, token) is not None:
-                return token, _token_id(tokenizer, token)
-    raise ValueError(f"Cannot find the image placeholder token that the chat template writes: {probe!r}.")
-
-
-def _image_token_ids(processor: Any) -> set[int]:
-    """Ids of every token standing for an image: the placeholder and the tokens it expands to."""
-    tokenizer = processor.tokenizer
-    ids = {_token_id(tokenizer, getattr(o, "image_token", None)) for o in (processor, tokenizer)}
-    ids |= {getattr(o, "image_token_id", None) for o in (processor, tokenizer)}
-    return {int(i) for i in ids if isinstance(i, int)}
-
-
 def _image_parts(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The `{"type": "image"}` entries of a conversational prompt in order, tool messages left out (as TRL)."""
     return [
@@ -93,49 +60,50 @@ def _image_parts(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def build_vllm_payload(
-    processor: Any, examples: Sequence[dict[str, Any]], chat_template_kwargs: dict[str, Any] | None = None
+    processor: Any,
+    family: VLMModule,
+    rows: Sequence[dict[str, Any]],
+    encoded: Sequence[Any] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> VLLMPayload:
-    """Render dataset rows for vLLM: chat-templated prompts with unexpanded placeholders and the raw images.
+    """Render rows for vLLM: chat-templated prompts with unexpanded placeholders and the raw images.
 
     Args:
         processor (`ProcessorMixin`): the model's processor; only its chat template and tokenizer run.
-        examples (`Sequence[dict]`): dataset rows; `prompt` is a list of messages whose content may hold
-            `{"type": "image"}` entries, images come from `images` (list) or `image` (one).
-        chat_template_kwargs (`dict | None`, defaults to None): extra `apply_chat_template` arguments; keep them
-            equal to those the training prompts are rendered with.
+        family (`VLMModule`): the family's module; it names the token written once per image.
+        rows (`Sequence[dict]`): `{"prompt", "images"}` per row, images loaded (see `vlm_grpo.rollout.load_rows`);
+            `prompt` is a list of messages whose content may hold `{"type": "image"}` entries.
+        encoded (`Sequence[EncodedPrompt] | None`, defaults to None): the trainer's encodings of the same rows;
+            rows sharing one encoding object are one prompt and rendered once. None renders every row.
+        chat_template_kwargs (`dict | None`, defaults to None): extra `apply_chat_template` arguments, the same as
+            the training prompts are rendered with (TRL's `chat_template_kwargs`).
 
     Returns:
         `VLLMPayload`: one text, id list and image list per row, in row order.
 
     Raises:
-        `ValueError`: a prompt's image entries do not match its images, or its placeholders are already expanded.
+        `VLMGRPOError`: a prompt's image entries do not match its images, or its placeholders are already expanded.
     """
     tokenizer = processor.tokenizer
-    placeholder, placeholder_id = image_placeholder(processor)
-    expanded_ids = _image_token_ids(processor) - {placeholder_id}
+    placeholder, placeholder_id = family.prompt_image_token(processor)
+    expanded_ids = {family.image_token_id(processor)} - {placeholder_id}
     texts: list[str] = []
     prompt_ids: list[list[int]] = []
     images: list[list[Any] | None] = []
-    previous: tuple[Any, list[Any]] | None = None
-    for i, row in enumerate(examples):
-        prompt, images_of_row = row["prompt"], row_images(row)
-        if not isinstance(prompt, list):
-            raise ValueError(
-                f"Row {i}: vLLM payloads need conversational prompts, got {type(prompt).__name__}."
-            )
-        if (
-            previous is not None
-            and len(previous[1]) == len(images_of_row)
-            and all(a is b for a, b in zip(previous[1], images_of_row))
-            and previous[0] == prompt
-        ):
+    for i, row in enumerate(rows):
+        if encoded is not None and i > 0 and encoded[i] is encoded[i - 1]:
             texts.append(texts[-1])  # the next copy of the same prompt (groups repeat each prompt G times)
             prompt_ids.append(list(prompt_ids[-1]))
             images.append(images[-1])
             continue
+        prompt, images_of_row = row["prompt"], list(row["images"])
+        if not isinstance(prompt, list):
+            raise VLMGRPOError(
+                f"Row {i}: vLLM payloads need conversational prompts, got {type(prompt).__name__}."
+            )
         entries = sum("image" not in part for part in _image_parts(prompt))
         if entries != len(images_of_row) and any(isinstance(m.get("content"), list) for m in prompt):
-            raise ValueError(
+            raise VLMGRPOError(
                 f"Row {i}: the prompt has {entries} image entries but {len(images_of_row)} images."
             )
         messages = prepare_multimodal_messages(prompt, images=images_of_row)
@@ -147,19 +115,18 @@ def build_vllm_payload(
         n_placeholders = ids.count(placeholder_id)
         n_expanded = sum(t in expanded_ids for t in ids)
         if n_placeholders > len(ordered) or n_expanded:
-            raise ValueError(
+            raise VLMGRPOError(
                 f"Row {i}: the prompt holds {n_placeholders + n_expanded} image tokens for {len(ordered)} "
                 f"image(s): its placeholders are already expanded, but vLLM expands them itself and needs "
                 f"one {placeholder} per image."
             )
         if n_placeholders < len(ordered):
-            raise ValueError(
+            raise VLMGRPOError(
                 f"Row {i}: the chat template wrote {n_placeholders} {placeholder} for {len(ordered)} images."
             )
         texts.append(text)
         prompt_ids.append(ids)
         images.append(ordered or None)
-        previous = (prompt, images_of_row)
     return VLLMPayload(texts, prompt_ids, images if any(x is not None for x in images) else None)
 
 
@@ -185,10 +152,10 @@ def vllm_generate_kwargs(
         prompts = [list(ids) for ids in payload.prompt_ids]
     elif mode == "server":
         if expanded_prompt_ids is None or len(expanded_prompt_ids) != len(payload.prompt_ids):
-            raise ValueError("vLLM server mode needs the processor-expanded prompt ids of every row.")
+            raise VLMGRPOError("vLLM server mode needs the processor-expanded prompt ids of every row.")
         prompts = [list(ids) for ids in expanded_prompt_ids]
     else:
-        raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {mode!r}.")
+        raise VLMGRPOError(f"vllm_mode must be 'colocate' or 'server', got {mode!r}.")
     return {"prompts": prompts, "images": payload.images, "num_generations": num_generations}
 
 
@@ -196,9 +163,11 @@ def vllm_prompt_inputs(payload: VLLMPayload) -> list[dict[str, Any]]:
     """The inputs TRL's colocate mode hands to `vllm.LLM.generate`, for calling vLLM directly (tests, eval)."""
     images = payload.images or [None] * len(payload.prompt_ids)
     inputs = []
-    for ids, row_images in zip(payload.prompt_ids, images, strict=True):
+    for ids, images_of_row in zip(payload.prompt_ids, images, strict=True):
         item: dict[str, Any] = {"prompt_token_ids": list(ids)}
-        if row_images:
-            item["multi_modal_data"] = {"image": row_images if len(row_images) > 1 else row_images[0]}
+        if images_of_row:
+            item["multi_modal_data"] = {
+                "image": images_of_row if len(images_of_row) > 1 else images_of_row[0]
+            }
         inputs.append(item)
     return inputs

@@ -5,7 +5,7 @@ The trainer never asks which model it runs. It asks the module chosen by `config
 to assemble generate/forward inputs for a batch, which parameters belong to the vision tower, which tokens must
 never be sampled, and which tokens end a completion. A module never owns a prompt or a reward.
 
-Multimodal tensors are kept **per sample** (`EncodedPrompt.mm`): a dict of tensors whose first dimension indexes
+Image tensors are kept **per sample** (`EncodedPrompt.image_inputs`): a dict of tensors whose first dimension indexes
 this sample's images, patches or tiles. Slicing a batch is then list slicing, and mixing image and text-only
 prompts, or several images per prompt, needs no bookkeeping. `collate` concatenates them back for a forward.
 """
@@ -18,8 +18,10 @@ from typing import Any, ClassVar
 
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, PreTrainedModel, ProcessorMixin
+from trl.chat_template_utils import parse_response
 
 from ..device import resolve_attn_implementation, resolve_dtype
+from ..errors import VLMGRPOError
 
 
 @dataclass
@@ -28,13 +30,13 @@ class EncodedPrompt:
 
     Attributes:
         input_ids (`list[int]`): prompt token ids, image placeholders already expanded.
-        mm (`dict[str, torch.Tensor]`): this sample's image tensors (e.g. `pixel_values` `[N_patches, D]` and
-            `image_grid_thw` `[N_images, 3]` for Qwen). Empty for a text-only prompt.
+        image_inputs (`dict[str, torch.Tensor]`): this sample's image tensors (e.g. `pixel_values` `[N_patches, D]`
+            and `image_grid_thw` `[N_images, 3]` for Qwen). Empty for a text-only prompt.
         num_images (`int`): number of images in the prompt.
     """
 
     input_ids: list[int]
-    mm: dict[str, torch.Tensor] = field(default_factory=dict)
+    image_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     num_images: int = 0
 
 
@@ -51,6 +53,8 @@ class VLMModule:
         placeholder_config_attrs (`tuple[str, ...]`): model-config attributes holding ids of the special tokens
             that stand for or delimit images/videos; they are suppressed during generation.
         placeholder_processor_attrs (`tuple[str, ...]`): processor or tokenizer attributes naming more such tokens.
+        prompt_image_token_attr (`str`): the processor attribute naming the token the chat template writes once per
+            image, before the processor expands it (vLLM expands it itself).
     """
 
     model_types: ClassVar[tuple[str, ...]] = ()
@@ -58,6 +62,7 @@ class VLMModule:
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
     placeholder_config_attrs: ClassVar[tuple[str, ...]] = ("image_token_id", "video_token_id")
     placeholder_processor_attrs: ClassVar[tuple[str, ...]] = ("image_token", "video_token")
+    prompt_image_token_attr: ClassVar[str] = "image_token"
 
     def __init__(self, model_type: str | None = None):
         """Args: model_type (`str | None`): the `config.model_type` served; defaults to the first of `model_types`."""
@@ -138,7 +143,7 @@ class VLMModule:
             if v is not None
         }
         if given:
-            raise ValueError(
+            raise VLMGRPOError(
                 f"{type(self).__name__} has no image-size knob {sorted(given)}; remove it from the config."
             )
 
@@ -165,9 +170,26 @@ class VLMModule:
             eos.append(processor.tokenizer.eos_token_id)
         return sorted(set(int(e) for e in eos))
 
+    def image_token_id(self, processor: ProcessorMixin) -> int:
+        """Id of the token that stands for image features in the processor-expanded prompt."""
+        return int(processor.tokenizer.convert_tokens_to_ids(processor.image_token))
+
+    def prompt_image_token(self, processor: ProcessorMixin) -> tuple[str, int]:
+        """`(token, id)` the chat template writes once per image (Qwen `<|image_pad|>`, Gemma 3 `<start_of_image>`)."""
+        token = getattr(processor, self.prompt_image_token_attr)
+        return token, int(processor.tokenizer.convert_tokens_to_ids(token))
+
+    def context_length(self, model_config: Any) -> int | None:
+        """Most tokens (prompt + completion) the language model places, or None when its config does not say."""
+        return getattr(model_config.get_text_config(), "max_position_embeddings", None)
+
     # --------------------------------------------------------------------------------------------- encoding
     def encode_prompt(
-        self, processor: ProcessorMixin, messages: list[dict], images: Sequence[Any] | None
+        self,
+        processor: ProcessorMixin,
+        messages: list[dict],
+        images: Sequence[Any] | None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> EncodedPrompt:
         """Apply the chat template and the processor to one conversational prompt.
 
@@ -175,8 +197,12 @@ class VLMModule:
             processor (`ProcessorMixin`): the family's processor.
             messages (`list[dict]`): conversational prompt whose user content holds `{"type": "image"}` entries.
             images (`Sequence[PIL.Image.Image] | None`): the images, in placeholder order.
+            chat_template_kwargs (`dict | None`, defaults to None): extra arguments of `apply_chat_template` (e.g.
+                `{"enable_thinking": False}`), as TRL's `chat_template_kwargs`.
         """
-        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
+        )
         images = list(images) if images else []
         num_placeholders = sum(
             1
@@ -186,18 +212,44 @@ class VLMModule:
             if part["type"] == "image"
         )
         if num_placeholders != len(images):
-            raise ValueError(
+            raise VLMGRPOError(
                 f"The prompt has {num_placeholders} image entries but {len(images)} images were given; "
                 "each image needs exactly one {'type': 'image'} entry in the prompt."
             )
         encoded = processor(text=[text], images=images or None, return_tensors="pt")
-        mm = {k: encoded[k] for k in self.image_input_keys if k in encoded and images}
-        return EncodedPrompt(input_ids=encoded["input_ids"][0].tolist(), mm=mm, num_images=len(images))
+        image_inputs = {k: encoded[k] for k in self.image_input_keys if k in encoded and images}
+        return EncodedPrompt(
+            input_ids=encoded["input_ids"][0].tolist(), image_inputs=image_inputs, num_images=len(images)
+        )
 
-    def collate(self, mm_list: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    def decode_completions(
+        self,
+        processor: ProcessorMixin,
+        completion_ids: Sequence[Sequence[int]],
+        prompt_ids: Sequence[Sequence[int]],
+    ) -> list[list[dict[str, Any]]]:
+        """Conversational completions `[[{"role": "assistant", ...}], ...]` from sampled ids, as TRL builds them.
+
+        A tokenizer that declares how to parse its responses (`response_template` or `response_schema`, e.g. to
+        split out reasoning) is used through TRL's `parse_response`; otherwise the ids are decoded without
+        special tokens.
+        """
+        tokenizer = processor.tokenizer
+        if (
+            getattr(tokenizer, "response_template", None) is not None
+            or getattr(tokenizer, "response_schema", None) is not None
+        ):
+            return [
+                [parse_response(tokenizer, ids, prefix=p)]
+                for ids, p in zip(completion_ids, prompt_ids, strict=True)
+            ]
+        texts = processor.batch_decode(completion_ids, skip_special_tokens=True)
+        return [[{"role": "assistant", "content": text}] for text in texts]
+
+    def collate(self, image_inputs: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Concatenate per-sample image tensors of a batch along dim 0 (text-only samples contribute nothing)."""
-        keys = [k for k in self.image_input_keys if any(k in mm for mm in mm_list)]
-        return {k: torch.cat([mm[k] for mm in mm_list if k in mm], dim=0) for k in keys}
+        keys = [k for k in self.image_input_keys if any(k in row for row in image_inputs)]
+        return {k: torch.cat([row[k] for row in image_inputs if k in row], dim=0) for k in keys}
 
     def token_type_inputs(self, input_ids: torch.Tensor, model_config: Any) -> dict[str, torch.Tensor]:
         """Per-token inputs the family derives from the ids (e.g. which tokens are image tokens). None by default."""
@@ -208,7 +260,7 @@ class VLMModule:
         model_config: Any,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        mm_list: Sequence[dict[str, torch.Tensor]],
+        image_inputs: Sequence[dict[str, torch.Tensor]],
     ) -> dict[str, torch.Tensor]:
         """Inputs for `generate` or `forward` of a batch.
 
@@ -216,13 +268,13 @@ class VLMModule:
             model_config (`PretrainedConfig`): the model's config (token ids of image placeholders).
             input_ids (`torch.Tensor`): `[B, L]` token ids (left-padded prompts, maybe followed by completions).
             attention_mask (`torch.Tensor`): `[B, L]`.
-            mm_list (`Sequence[dict]`): the per-sample image tensors of the same B samples, in order.
+            image_inputs (`Sequence[dict]`): the per-sample image tensors of the same B samples, in order.
         """
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        mm = self.collate(mm_list)
-        if mm:
+        images = self.collate(image_inputs)
+        if images:
             device = input_ids.device
-            inputs.update({k: v.to(device) for k, v in mm.items()})
+            inputs.update({k: v.to(device) for k, v in images.items()})
             inputs.update(self.token_type_inputs(input_ids, model_config))
         return inputs
 
@@ -232,7 +284,7 @@ class VLMModule:
         model: PreTrainedModel,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        mm_list: Sequence[dict[str, torch.Tensor]],
+        image_inputs: Sequence[dict[str, torch.Tensor]],
         generation: bool = False,
     ) -> torch.Tensor | None:
         """Position ids of full rows, for running a prompt and its completions in two calls over a KV cache.
@@ -245,7 +297,7 @@ class VLMModule:
             model (`PreTrainedModel`): the unwrapped transformers model.
             input_ids (`torch.Tensor`): `[B, L]`.
             attention_mask (`torch.Tensor`): `[B, L]`.
-            mm_list (`Sequence[dict]`): the B per-sample image dicts.
+            image_inputs (`Sequence[dict]`): the B per-sample image dicts.
             generation (`bool`, defaults to False): positions as `generate` computes them.
         """
         if not generation:
@@ -258,7 +310,7 @@ class VLMModule:
         model: PreTrainedModel,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        mm_list: Sequence[dict[str, torch.Tensor]],
+        image_inputs: Sequence[dict[str, torch.Tensor]],
     ) -> None:
         """Set the state `generate` reads when it continues from a prompt cache computed elsewhere. None by default.
 

@@ -27,6 +27,7 @@ class Gemma3Module(VLMModule):
         "eoi_token_index",
     )
     placeholder_processor_attrs: ClassVar[tuple[str, ...]] = ("image_token", "boi_token", "eoi_token")
+    prompt_image_token_attr: ClassVar[str] = "boi_token"
 
     def model_class(self) -> type:
         """`Gemma3ForConditionalGeneration`."""

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from transformers import InternVLForConditionalGeneration, ProcessorMixin
 
+from ..errors import VLMGRPOError
 from .base import VLMModule
 
 
@@ -41,11 +42,11 @@ class InternVLModule(VLMModule):
     ) -> None:
         """Bound tiles per image (`max_tiles`); InternVL resizes every tile to a fixed size, so no pixel limits."""
         if min_pixels is not None or max_pixels is not None:
-            raise ValueError(
+            raise VLMGRPOError(
                 "InternVL resizes every tile to a fixed size: remove min_pixels/max_pixels, use max_tiles instead."
             )
         if max_tiles is not None:
             if max_tiles < 1:
-                raise ValueError(f"max_tiles must be >= 1, got {max_tiles}.")
+                raise VLMGRPOError(f"max_tiles must be >= 1, got {max_tiles}.")
             processor.image_processor.max_patches = max_tiles
             processor.image_processor.min_patches = min(processor.image_processor.min_patches, max_tiles)

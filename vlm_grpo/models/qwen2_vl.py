@@ -18,6 +18,7 @@ from transformers import (
     Qwen3VLForConditionalGeneration,
 )
 
+from ..errors import VLMGRPOError
 from .base import VLMModule
 
 
@@ -52,14 +53,14 @@ class Qwen2VLModule(VLMModule):
     ) -> None:
         """Bound pixels per image: images are resized (aspect kept) so that min_pixels <= H*W <= max_pixels."""
         if max_tiles is not None:
-            raise ValueError("Qwen-VL models do not tile images: remove max_tiles, use max_pixels instead.")
+            raise VLMGRPOError("Qwen-VL models do not tile images: remove max_tiles, use max_pixels instead.")
         image_processor = processor.image_processor
         if min_pixels is not None:
             image_processor.size["shortest_edge"] = min_pixels
         if max_pixels is not None:
             image_processor.size["longest_edge"] = max_pixels
         if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
-            raise ValueError(f"min_pixels ({min_pixels}) must not exceed max_pixels ({max_pixels}).")
+            raise VLMGRPOError(f"min_pixels ({min_pixels}) must not exceed max_pixels ({max_pixels}).")
 
     def token_type_inputs(self, input_ids: torch.Tensor, model_config: Any) -> dict[str, torch.Tensor]:
         """`mm_token_type_ids` `[B, L]`: 1 on image tokens, 2 on video tokens, 0 elsewhere (M-RoPE needs it)."""
@@ -68,17 +69,17 @@ class Qwen2VLModule(VLMModule):
         return {"mm_token_type_ids": types}
 
     def _rope_index(
-        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mm_list: Sequence[dict]
+        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_inputs: Sequence[dict]
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`(position_ids [3, B, L], rope_deltas [B, 1])` from the model's own M-RoPE rule; None without images."""
-        mm = self.collate(mm_list)
-        if "image_grid_thw" not in mm:
+        images = self.collate(image_inputs)
+        if "image_grid_thw" not in images:
             return None
         types = self.token_type_inputs(input_ids, model.config)["mm_token_type_ids"]
         return model.model.get_rope_index(
             input_ids,
             mm_token_type_ids=types,
-            image_grid_thw=mm["image_grid_thw"].to(input_ids.device),
+            image_grid_thw=images["image_grid_thw"].to(input_ids.device),
             attention_mask=attention_mask,
         )
 
@@ -87,7 +88,7 @@ class Qwen2VLModule(VLMModule):
         model: Any,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        mm_list: Sequence[dict],
+        image_inputs: Sequence[dict],
         generation: bool = False,
     ) -> torch.Tensor | None:
         """M-RoPE positions `[3, B, L]` of full rows, as the model computes them (see `VLMModule.position_ids`).
@@ -95,19 +96,19 @@ class Qwen2VLModule(VLMModule):
         Always explicit: with a KV cache and no positions, the model would reuse `rope_deltas` left over from an
         earlier `generate`. Text-only batches count tokens (`generate`: unpadded tokens), as the model does.
         """
-        rope = self._rope_index(model, input_ids, attention_mask, mm_list)
+        rope = self._rope_index(model, input_ids, attention_mask, image_inputs)
         if rope is not None:
             return rope[0]
-        positions = super().position_ids(model, input_ids, attention_mask, mm_list, generation)
+        positions = super().position_ids(model, input_ids, attention_mask, image_inputs, generation)
         if positions is None:
             positions = torch.arange(input_ids.size(1), device=input_ids.device).expand_as(input_ids)
         return positions.unsqueeze(0).expand(3, -1, -1)
 
     def prepare_generation_from_cache(
-        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mm_list: Sequence[dict]
+        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_inputs: Sequence[dict]
     ) -> None:
         """`generate` places new tokens at text position + `model.model.rope_deltas` `[B, 1]`: set them for these rows."""
-        rope = self._rope_index(model, input_ids, attention_mask, mm_list)
+        rope = self._rope_index(model, input_ids, attention_mask, image_inputs)
         deltas = None if rope is None else rope[1]
         if deltas is None:
             deltas = torch.zeros(input_ids.size(0), 1, dtype=torch.long, device=input_ids.device)

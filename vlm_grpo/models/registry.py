@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from ..errors import VLMGRPOError
 from .base import VLMModule
 from .gemma3 import Gemma3Module
 from .internvl import InternVLModule
@@ -17,16 +19,33 @@ MODULES: tuple[type[VLMModule], ...] = (Qwen2VLModule, InternVLModule, Gemma3Mod
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for cls in MODULES for t in cls.model_types)
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+
+
+def _check_model_folder(path: str) -> None:
+    """A local model path must be a folder with a `config.json`; a hub id (`org/name`) is left to transformers."""
+    folder = Path(path)
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise VLMGRPOError(
+                f"model folder {path} has no config.json; point model_name_or_path at a saved model."
+            )
+        return
+    if folder.exists() or not _HUB_ID.match(path) or path.startswith("."):
+        raise VLMGRPOError(f"model folder {path} not found; check model_name_or_path.")
+
+
 def _model_type(model_or_config_or_path: Any, trust_remote_code: bool) -> str:
     obj = model_or_config_or_path
     if isinstance(obj, str):
+        _check_model_folder(obj)
         config_file = Path(obj) / "config.json"
         if (
             not trust_remote_code
             and config_file.is_file()
             and "auto_map" in json.loads(config_file.read_text())
         ):
-            raise ValueError(
+            raise VLMGRPOError(
                 f"{obj} ships its own model code (auto_map in config.json), which runs only with "
                 "trust_remote_code: true in the YAML (or --trust_remote_code true); set it only if you trust "
                 "that code. For InternVL, prefer the transformers-native -hf checkpoints."
@@ -55,7 +74,7 @@ def get_vlm_module(model_or_config_or_path: Any, trust_remote_code: bool = False
     for cls in MODULES:
         if model_type in cls.model_types:
             return cls(model_type)
-    raise ValueError(
+    raise VLMGRPOError(
         f"Unsupported model_type {model_type!r}. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}. "
         "To add a family, write a VLMModule subclass in vlm_grpo/models/ and add it to MODULES in registry.py."
     )

@@ -1,21 +1,24 @@
 """Reward functions that fail loudly and precisely.
 
-A reward that raises, returns the wrong number of values, or returns NaN would otherwise surface as a bare
-traceback from deep inside the trainer, or silently poison the advantages. `guard_reward` wraps a reward so
-that these cases raise a `RewardError` naming the reward and the record.
+A reward that raises or returns the wrong number of values would otherwise surface as a bare traceback from deep
+inside the trainer. `guard_reward` wraps a reward so that these cases raise a `RewardError` naming the reward and
+the record. What TRL accepts as a reward value is accepted unchanged: Python or NumPy numbers, booleans, None and
+NaN (both mean "does not apply to this completion").
 """
 
 from __future__ import annotations
 
 import functools
-import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from ..errors import VLMGRPOError
 
 _RECORD_KEYS = ("id", "image_paths", "problem", "solution")
 
 
-class RewardError(ValueError):
+class RewardError(VLMGRPOError):
     """A reward function failed or returned invalid values; the message names the reward and the record."""
 
 
@@ -66,15 +69,20 @@ def guard_reward(func: Callable[..., list], name: str) -> Callable[..., list]:
         for index, value in enumerate(values):
             if value is None:
                 continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+            if not isinstance(value, (numbers.Real, bool)) and not _is_numpy_bool(value):
                 raise RewardError(
-                    f"reward '{name}' returned {value!r} for {_describe(kwargs, index)}; return a finite float "
+                    f"reward '{name}' returned {value!r} for {_describe(kwargs, index)}; return a number "
                     "or None (None = the reward does not apply to this completion)."
                 )
         return values
 
     guarded.__name__ = name
     return guarded
+
+
+def _is_numpy_bool(value: Any) -> bool:
+    """Whether `value` is a NumPy boolean scalar (not a `numbers.Real`, but a valid reward for TRL)."""
+    return type(value).__module__ == "numpy" and type(value).__name__ == "bool"
 
 
 def _first_failing_record(func: Callable[..., list], kwargs: dict[str, Any], size: int) -> int | None:

@@ -1,0 +1,116 @@
+"""Small pieces of a rollout that do not depend on the model: images of a row, the same-prompt rule, padding.
+
+The trainer (`VLMGRPOTrainer._generate_and_score_completions`), evaluation (`vlm_grpo.evaluate`) and the vLLM
+payload (`vlm_grpo.vllm_payload`) share them, so that each rule exists once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from PIL import Image
+from transformers.image_utils import load_image
+from trl.trainer.utils import pad
+
+from .errors import VLMGRPOError
+
+
+def row_images(row: dict[str, Any]) -> list[Any]:
+    """The images of one dataset row as the user gave them: an `images` list, a single `image`, or none."""
+    if row.get("images") is not None:
+        return list(row["images"])
+    return [row["image"]] if row.get("image") is not None else []
+
+
+def load_row_images(row: dict[str, Any]) -> list[Image.Image]:
+    """The row's images as PIL images: paths (and URLs) are opened, as TRL's processor call would open them.
+
+    Raises:
+        `VLMGRPOError`: an image path cannot be opened; the message names it.
+    """
+    images = []
+    for image in row_images(row):
+        if isinstance(image, str):
+            try:
+                image = load_image(image)
+            except (OSError, ValueError) as error:
+                raise VLMGRPOError(f"Cannot open image {image!r} of a training row: {error}") from error
+        images.append(image)
+    return images
+
+
+def load_rows(inputs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`{"prompt", "images"}` per dataset row, images loaded; a row repeating the previous row's images reuses them.
+
+    The G copies of a prompt in a generation batch hold the same image values, so each image is opened once.
+    """
+    rows: list[dict[str, Any]] = []
+    for i, x in enumerate(inputs):
+        raw = row_images(x)
+        if i > 0 and raw == row_images(inputs[i - 1]):
+            images = rows[-1]["images"]
+        else:
+            images = load_row_images(x)
+        rows.append({"prompt": x["prompt"], "images": images})
+    return rows
+
+
+def image_names(row: dict[str, Any]) -> list[str]:
+    """File names of a row's images: the paths given, or the files PIL images were read from ("" for none)."""
+    return [
+        image if isinstance(image, str) else getattr(image, "filename", "") or "" for image in row_images(row)
+    ]
+
+
+def same_prompt(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The one rule for "same prompt": equal messages and the same images (the same objects, or equal pixels).
+
+    Consecutive rows of a GRPO group satisfy it; the trainer encodes such rows once and lets them share one
+    `EncodedPrompt`, which is how the shared-prefix passes and the vLLM payload find groups.
+
+    Args:
+        a (`dict`): a row with `prompt` and its images already loaded under `images` (see `load_row_images`).
+        b (`dict`): another such row.
+    """
+    if a["prompt"] != b["prompt"]:
+        return False
+    images_a, images_b = a["images"], b["images"]
+    return len(images_a) == len(images_b) and all(
+        x is y or (x.size == y.size and x.mode == y.mode and x.tobytes() == y.tobytes())
+        for x, y in zip(images_a, images_b, strict=True)
+    )
+
+
+def pad_rows(
+    rows: Sequence[Sequence[float]] | Sequence[torch.Tensor],
+    padding_value: float,
+    padding_side: str,
+    pad_to_multiple_of: int | None = None,
+    dtype: torch.dtype = torch.long,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad variable-length rows into one tensor, and the matching 0/1 mask.
+
+    Args:
+        rows (`Sequence`): B rows of token ids (or per-token values).
+        padding_value (`float`): the value written into the padding.
+        padding_side (`str`): "left" (prompts) or "right" (completions).
+        pad_to_multiple_of (`int | None`, defaults to None): widen to a multiple of this (TRL's `pad_to_multiple_of`).
+        dtype (`torch.dtype`, defaults to `torch.long`): dtype of rows given as lists.
+
+    Returns:
+        `(values [B, L], mask [B, L])`.
+    """
+    tensors = [r if isinstance(r, torch.Tensor) else torch.tensor(list(r), dtype=dtype) for r in rows]
+    values = pad(tensors, padding_value, padding_side, pad_to_multiple_of=pad_to_multiple_of)  # [B, L]
+    ones = [torch.ones(len(t), dtype=torch.long) for t in tensors]
+    mask = pad(ones, 0, padding_side, pad_to_multiple_of=pad_to_multiple_of)  # [B, L]
+    return values, mask
+
+
+def is_truncated(
+    completion_ids: Sequence[int], eos_token_ids: Sequence[int], pad_token_id: int | None
+) -> bool:
+    """Whether a completion stopped at the length limit: it does not end on an eos (or pad) token, as in TRL."""
+    return not completion_ids or completion_ids[-1] not in (*eos_token_ids, pad_token_id)
