@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import write_color_data
+from transformers.utils import is_torch_bf16_gpu_available
 
+from vlm_grpo.cli import main as cli_main
 from vlm_grpo.demo import run_demo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,9 +45,7 @@ def test_train_then_eval_round_trip(tiny_model, tmp_path):
         "num_generations": 2,
         "max_completion_length": 4,
         "learning_rate": 1e-3,
-        "bf16": False,
-        "use_cpu": True,
-        "gradient_checkpointing": False,
+        "gradient_checkpointing": False,  # no bf16 nor use_cpu: a CPU machine turns bf16 off by itself
         "save_strategy": "no",
         "report_to": "none",
         "logging_steps": 1,
@@ -52,6 +53,9 @@ def test_train_then_eval_round_trip(tiny_model, tmp_path):
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
     result = vlm_grpo("train", str(tmp_path / "train.yaml"), "--max_steps", "2")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "kernels-community" not in result.stderr
+    if not is_torch_bf16_gpu_available():
+        assert result.stderr.count("bf16 is off") == 1
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 2  # the command-line flag won over the YAML
     assert any("rewards/choice_accuracy/mean" in entry for entry in state["log_history"])
@@ -80,9 +84,53 @@ def test_train_then_eval_round_trip(tiny_model, tmp_path):
     assert "accuracy:" in result.stdout
 
 
-def test_unknown_command_exits_nonzero():
+def test_unknown_command_exits_1():
     result = vlm_grpo("trian")
-    assert result.returncode == 2 and "unknown command 'trian'" in result.stderr
+    assert result.returncode == 1 and "unknown command 'trian'" in result.stderr
+    assert "usage: vlm-grpo COMMAND" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["train"]], ids=["vlm-grpo", "vlm-grpo train"])
+def test_no_arguments_prints_the_usage_and_exits_1(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(argv)
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert "usage: vlm-grpo" in err and "bf16" not in err
+    if argv:
+        assert "usage: vlm-grpo train CONFIG.yaml" in err
+
+
+@pytest.mark.parametrize("command", ["plot", "samples", "export"])
+def test_usage_errors_exit_1_in_every_command(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main([command, "--no_such_flag"])
+    assert exc.value.code == 1 and f"vlm-grpo {command}: error:" in capsys.readouterr().err
+
+
+def test_train_help_shows_config_and_our_options_first(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["train", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: vlm-grpo train CONFIG.yaml")
+    ours = [
+        "--model_name_or_path",
+        "--data_config",
+        "--rewards",
+        "--freeze_vision_modules",
+        "--log_samples_steps",
+    ]
+    positions = [out.index(flag + " ") for flag in ours]
+    assert positions == sorted(positions) and positions[-1] < out.index("--output_dir ")
+    assert out.index("--log_samples_steps ") < out.index("--num_generations ")
+
+
+def test_import_prints_no_kernels_notice():
+    result = subprocess.run(
+        [sys.executable, "-c", "import vlm_grpo.train"], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert result.returncode == 0 and "kernels" not in result.stderr, result.stderr[-2000:]
 
 
 def test_demo_smoke_run(tmp_path):

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+import vlm_grpo.config
+from vlm_grpo.config import VLMGRPOConfig
 from vlm_grpo.data import load_data_config
+from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.models import SUPPORTED_MODEL_TYPES
 from vlm_grpo.rewards import build_rewards
 from vlm_grpo.train import parse_args
@@ -85,3 +88,37 @@ def test_unknown_yaml_key_is_an_error(tmp_path):
     bad.write_text("model_name_or_path: x\ndata_config: d.yaml\nlearning_rat: 1.0e-5\n")
     with pytest.raises(ValueError, match="learning_rat"):
         parse_args([str(bad), "--use_cpu", "true"])
+
+
+@pytest.fixture
+def no_bf16_accelerator(monkeypatch):
+    """A machine without bf16 support, whatever this one has (the probe transformers uses says no)."""
+    monkeypatch.setattr(vlm_grpo.config, "is_torch_bf16_gpu_available", lambda: False)
+    monkeypatch.setattr(vlm_grpo.config, "is_torch_xla_available", lambda: False)
+
+
+def test_bf16_left_unset_turns_off_with_one_log_line(no_bf16_accelerator, caplog):
+    with caplog.at_level("INFO", logger="vlm_grpo.config"):
+        config = VLMGRPOConfig(output_dir="out", report_to="none")
+    assert config.bf16 is False and config.fp16 is False
+    lines = [r.getMessage() for r in caplog.records if r.name == "vlm_grpo.config"]
+    assert len(lines) == 1 and "bf16 is off" in lines[0]
+
+
+def test_yaml_without_bf16_parses_on_a_machine_without_bf16(no_bf16_accelerator, tmp_path):
+    (tmp_path / "train.yaml").write_text("model_name_or_path: m\ndata_config: d.yaml\noutput_dir: out\n")
+    assert parse_args([str(tmp_path / "train.yaml")])[1].bf16 is False
+
+
+@pytest.mark.parametrize("where", ["yaml", "flag"])
+def test_explicit_bf16_without_support_is_an_error_naming_the_flag(no_bf16_accelerator, tmp_path, where):
+    text = "model_name_or_path: m\ndata_config: d.yaml\noutput_dir: out\n"
+    (tmp_path / "train.yaml").write_text(text + ("bf16: true\n" if where == "yaml" else ""))
+    argv = [str(tmp_path / "train.yaml")] + (["--bf16", "true"] if where == "flag" else [])
+    with pytest.raises(VLMGRPOError, match=r"bf16: true, .*no accelerator with bf16 support.*use_cpu: true"):
+        parse_args(argv)
+
+
+def test_bf16_on_cpu_with_use_cpu_and_explicit_false_are_kept(no_bf16_accelerator):
+    assert VLMGRPOConfig(output_dir="out", use_cpu=True, report_to="none").bf16 is True  # TRL's default
+    assert VLMGRPOConfig(output_dir="out", bf16=False, report_to="none").bf16 is False

@@ -203,6 +203,7 @@ def test_export_merges_lora_exactly(tiny_model, tmp_path):
 
 def test_export_refuses_a_missing_adapter(tiny_model, tmp_path, capsys):
     base_path = tiny_model("qwen2_vl")
+    capsys.readouterr()  # drop the output of building the tiny model
     args = ["--model", base_path, "--adapter", str(tmp_path / "nope"), "--out", str(tmp_path / "merged")]
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["export", *args])

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.rewards import (
     ACCURACY_METHODS,
     REWARDS,
@@ -475,6 +476,9 @@ def user_rewards(tmp_path, monkeypatch):
 
             async def async_reward(completions, **kwargs):
                 return [1.0 for _ in completions]
+
+            def strict_reward(completions, solution=None, scale=1.0):
+                return [scale for _ in completions]
             """
         )
     )
@@ -537,6 +541,27 @@ def test_build_rewards_errors(user_rewards):
         build_rewards([3])
     with pytest.raises(ValueError, match="must be a list"):
         build_rewards("format")
+
+
+def test_reward_entry_keys_must_be_keywords_of_the_reward(user_rewards):
+    with pytest.raises(VLMGRPOError, match=r"reward 'iou': unknown key 'wieght' \(did you mean 'weight'\?\)"):
+        build_rewards([{"name": "iou", "wieght": 2}])
+    with pytest.raises(VLMGRPOError, match=r"reward 'iou': unknown key 'coord' \(did you mean 'coords'\?\)"):
+        build_rewards([{"name": "iou", "coord": "norm1000"}])
+    with pytest.raises(VLMGRPOError, match="reward 'format': unknown key 'strict'"):
+        build_rewards(
+            [{"name": "format", "strict": True}]
+        )  # built-ins take **kwargs only for dataset columns
+    with pytest.raises(VLMGRPOError, match=r"'my_rewards_mod.strict_reward': unknown key 'scal' .*'scale'"):
+        build_rewards([{"name": "my_rewards_mod.strict_reward", "scal": 2}])
+    with pytest.raises(VLMGRPOError, match="unknown key 'sale'"):
+        get_reward("iou", sale=1)
+    (fn,), _ = build_rewards([{"name": "my_rewards_mod.strict_reward", "scale": 2}])
+    assert fn.options == {"scale": 2}
+    (fn,), _ = build_rewards([{"name": "iou", "coords": "norm1000", "weight": 2}])
+    assert fn.options == {"coords": "norm1000"}
+    (fn,), _ = build_rewards([{"name": "my_rewards_mod.length_reward", "anything": 1}])  # **kwargs takes any
+    assert fn.options == {"anything": 1}
 
 
 def test_rewards_package_stays_light():

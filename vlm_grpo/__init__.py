@@ -4,10 +4,26 @@ Public face: `VLMGRPOTrainer`, `VLMGRPOConfig`, `VLMModelConfig`, `get_vlm_modul
 transformers, TRL) happen on first use, so `vlm_grpo.data` and `vlm_grpo.rewards` stay light.
 """
 
+import logging
 from importlib import import_module
 from typing import Any
 
 __version__ = "0.1.0"
+
+
+class _OptionalKernelNotice(logging.Filter):
+    """Drops bitsandbytes' notice that its optional CPU 4-bit kernel could not be loaded from `kernels-community`.
+
+    bitsandbytes (imported by peft) tries the optional `kernels` package on every import on an AVX512-BF16 CPU and
+    logs a warning that reads like a broken install when it is absent; it then uses its own implementation, so
+    nothing is lost. Only that message is dropped; every other bitsandbytes record passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward from kernels-community")
+
+
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_OptionalKernelNotice())
 
 _EXPORTS = {
     "VLMGRPOTrainer": "vlm_grpo.trainer",

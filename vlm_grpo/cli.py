@@ -3,6 +3,8 @@
 vlm-grpo train CONFIG.yaml [--field value ...]    train (same as python -m vlm_grpo.train)
 vlm-grpo eval --model PATH --data DATA.yaml      evaluate, write a JSON report
 vlm-grpo demo [--output_dir DIR]                 a tiny VLM learns a task on CPU, end to end
+
+Every command exits with status 1 on bad input (one line naming what and where), 0 on success.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
-from .errors import run_cli
+from .errors import EXIT_USER_ERROR, run_cli
 
 COMMANDS = {
     "train": ("vlm_grpo.train", "train with GRPO from a YAML config"),
@@ -29,15 +31,22 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Dispatch `vlm-grpo COMMAND ...` to the command's module."""
+    """Dispatch `vlm-grpo COMMAND ...` to the command's module.
+
+    No command, or an unknown one, prints the usage and exits with status 1 (`EXIT_USER_ERROR`), as every bad
+    input does; `-h`/`--help` prints it and exits with status 0.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(usage())
         return
+    if not argv:
+        print(usage(), file=sys.stderr)
+        raise SystemExit(EXIT_USER_ERROR)
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"vlm-grpo: unknown command {command!r}\n{usage()}", file=sys.stderr)
-        raise SystemExit(2)
+        print(f"vlm-grpo: error: unknown command {command!r}\n{usage()}", file=sys.stderr)
+        raise SystemExit(EXIT_USER_ERROR)
     run_cli(command, import_module(COMMANDS[command][0]).main, rest)
 
 

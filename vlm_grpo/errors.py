@@ -1,6 +1,8 @@
-"""How commands report bad input: one line naming what and where, exit code 1, no traceback.
+"""How commands report bad input: one line naming what and where, exit status 1, no traceback.
 
-`--debug` anywhere on a command line keeps the full traceback instead.
+Only `VLMGRPOError`, raised by `vlm_grpo`'s own validation, is reported that way; any other exception is a bug
+and keeps its traceback. Usage errors of a command line (argparse's own) exit with status 1 as well.
+`--debug` anywhere on a command line keeps the full traceback of a `VLMGRPOError` too.
 """
 
 from __future__ import annotations
@@ -8,7 +10,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-import yaml
+EXIT_USER_ERROR = 1
+"""The exit status of every command on bad input: a `VLMGRPOError` or a command-line usage error."""
+
+_ARGPARSE_USAGE_ERROR = 2  # what `argparse.ArgumentParser.error` exits with
 
 
 class VLMGRPOError(ValueError):
@@ -19,16 +24,6 @@ class VLMGRPOError(ValueError):
     It subclasses `ValueError` so that code catching TRL's validation errors catches ours too.
     """
 
-# Errors raised for bad input: configs, data, rewards, models. Anything else is a bug and keeps its traceback.
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError,
-    TypeError,
-    KeyError,
-    OSError,
-    ImportError,
-    yaml.YAMLError,
-)
-
 
 def one_line(error: BaseException) -> str:
     """The error's message on one line (TRL and transformers messages often span several)."""
@@ -37,20 +32,23 @@ def one_line(error: BaseException) -> str:
 
 
 def run_cli(name: str, main: Callable[[list[str]], None], argv: list[str]) -> None:
-    """Run `main(argv)`; on a user error print `vlm-grpo NAME: error: MESSAGE` and exit with status 1.
+    """Run `main(argv)`; on a `VLMGRPOError` print `vlm-grpo NAME: error: MESSAGE` and exit with status 1.
 
     Args:
         name (`str`): the command's name, for the message.
         main (`Callable[[list[str]], None]`): the command's entry point.
-        argv (`list[str]`): its arguments; `--debug` is removed and turns the clean error off.
+        argv (`list[str]`): its arguments; `--debug` is removed and turns the one-line report off.
     """
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
-    if debug:
-        main(argv)
-        return
     try:
         main(argv)
-    except USER_ERRORS as error:
+    except SystemExit as error:
+        if error.code == _ARGPARSE_USAGE_ERROR:  # argparse printed its usage and message already
+            raise SystemExit(EXIT_USER_ERROR) from None
+        raise
+    except VLMGRPOError as error:
+        if debug:
+            raise
         print(f"vlm-grpo {name}: error: {one_line(error)} (add --debug for the traceback)", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(EXIT_USER_ERROR) from None

@@ -15,6 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
+from .errors import VLMGRPOError, run_cli
+
 logger = logging.getLogger("vlm_grpo")
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -23,21 +25,21 @@ ADAPTER_CONFIG = "adapter_config.json"
 def _check_paths(model: str, adapter: Path, out: Path, overwrite: bool) -> None:
     """Refuse a missing adapter, an output that is the base or the adapter, and a non-empty output."""
     if not adapter.is_dir():
-        raise ValueError(
+        raise VLMGRPOError(
             f"adapter folder {adapter} does not exist; pass the output_dir of a LoRA training run."
         )
     if not (adapter / ADAPTER_CONFIG).is_file():
-        raise ValueError(
+        raise VLMGRPOError(
             f"{adapter} holds no {ADAPTER_CONFIG}, so it is not a PEFT adapter; pass the output_dir of a LoRA "
             "training run (or one of its checkpoint-* folders)."
         )
     resolved = out.resolve()
     if resolved == adapter.resolve() or (Path(model).exists() and resolved == Path(model).resolve()):
-        raise ValueError(f"--out {out} is the base model or the adapter folder; choose a new folder.")
+        raise VLMGRPOError(f"--out {out} is the base model or the adapter folder; choose a new folder.")
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; choose a folder.")
+        raise VLMGRPOError(f"--out {out} is a file; choose a folder.")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"--out {out} is not empty; choose an empty folder or pass --overwrite.")
+        raise VLMGRPOError(f"--out {out} is not empty; choose an empty folder or pass --overwrite.")
 
 
 def export_merged(
@@ -64,7 +66,7 @@ def export_merged(
         `str`: `out` as a string.
 
     Raises:
-        ValueError: no adapter at `adapter`, `out` not empty without `overwrite`, `out` is the base or the
+        VLMGRPOError: no adapter at `adapter`, `out` not empty without `overwrite`, `out` is the base or the
             adapter, or an unsupported `dtype`.
     """
     from peft import PeftModel
@@ -92,7 +94,7 @@ def export_merged(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `vlm-grpo export`; a bad path exits with status 2 and a one-line message."""
+    """Entry point of `vlm-grpo export`; a bad path is a `VLMGRPOError` (one line, status 1)."""
     parser = argparse.ArgumentParser(prog="vlm-grpo export", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model", required=True, help="base model folder or hub id the adapter was trained on"
@@ -108,15 +110,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
     parser.add_argument("--trust_remote_code", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        out = export_merged(
-            args.model, args.adapter, args.out, args.dtype, args.overwrite, args.trust_remote_code
-        )
-    except ValueError as error:
-        print(f"vlm-grpo export: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    out = export_merged(
+        args.model, args.adapter, args.out, args.dtype, args.overwrite, args.trust_remote_code
+    )
     print(out)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli("export", main, sys.argv[1:])

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .errors import VLMGRPOError, run_cli
+
 STATE_FILE = "trainer_state.json"
 DEFAULT_OUTPUT = "training_curves.png"
 _REWARD_KEY = re.compile(r"^rewards/(.+)/mean$")
@@ -33,7 +35,7 @@ def find_trainer_state(run_dir: str | Path) -> Path:
         `Path`: the state file; on a tie the run folder's own file wins (it is written last).
 
     Raises:
-        ValueError: the folder holds no state file, or one cannot be read.
+        VLMGRPOError: the folder holds no state file, or one cannot be read.
     """
     run_dir = Path(run_dir)
     candidates = [run_dir / STATE_FILE, *sorted(run_dir.glob(f"checkpoint-*/{STATE_FILE}"))]
@@ -46,7 +48,7 @@ def find_trainer_state(run_dir: str | Path) -> Path:
         if best is None or key[:2] > best[:2]:
             best = key
     if best is None:
-        raise ValueError(
+        raise VLMGRPOError(
             f"no {STATE_FILE} in {run_dir} nor in its checkpoint-* folders; pass the output_dir of a training "
             "run (the train entry point saves it at the end, checkpoints save it at every save step)."
         )
@@ -57,9 +59,9 @@ def _read_state(path: Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"cannot read {path}: {error}") from None
+        raise VLMGRPOError(f"cannot read {path}: {error}") from None
     if not isinstance(state, dict):
-        raise ValueError(f"{path} is not a trainer state (expected a JSON object).")
+        raise VLMGRPOError(f"{path} is not a trainer state (expected a JSON object).")
     return state
 
 
@@ -73,7 +75,7 @@ def load_log_history(run_dir: str | Path) -> tuple[Path, list[dict[str, Any]]]:
         `tuple[Path, list[dict]]`: the state file read and its training entries, sorted by step.
 
     Raises:
-        ValueError: no state file, or it logged no training step.
+        VLMGRPOError: no state file, or it logged no training step.
     """
     path = find_trainer_state(run_dir)
     history = _read_state(path).get("log_history") or []
@@ -85,7 +87,7 @@ def load_log_history(run_dir: str | Path) -> tuple[Path, list[dict[str, Any]]]:
         and ("reward" in e or any(_REWARD_KEY.match(k) for k in e) or "loss" in e)
     ]
     if not entries:
-        raise ValueError(
+        raise VLMGRPOError(
             f"{path} has no training log entries; train for at least `logging_steps` steps before plotting."
         )
     return path, sorted(entries, key=lambda e: e["step"])
@@ -131,6 +133,20 @@ def _draw(
     ax.grid(alpha=0.3)
 
 
+def plot_title(run_dir: str | Path, state_file: Path) -> str:
+    """The figure's title: the run folder's name and the state file inside it, never an absolute path.
+
+    Args:
+        run_dir (`str | Path`): the run's `output_dir`.
+        state_file (`Path`): the `trainer_state.json` read, inside `run_dir`.
+
+    Returns:
+        `str`: e.g. `"demo: checkpoint-40/trainer_state.json"`.
+    """
+    run_dir = Path(run_dir).resolve()
+    return f"{run_dir.name}: {Path(state_file).resolve().relative_to(run_dir).as_posix()}"
+
+
 def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Draw the training curves of a run into a PNG.
 
@@ -142,7 +158,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
         `Path`: the PNG written.
 
     Raises:
-        ValueError: no `trainer_state.json` in the run, or no training step logged in it.
+        VLMGRPOError: no `trainer_state.json` in the run, or no training step logged in it.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -168,7 +184,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     _draw(axes[3], entries, {"mean": "completions/mean_length"}, "completion length (tokens)", "not logged")
     _draw(axes[4], entries, {"kl": "kl"}, "KL to the reference", "not logged (beta = 0)")
     _draw(axes[5], entries, {"entropy": "entropy"}, "entropy", "not logged")
-    figure.suptitle(f"{Path(run_dir).name or run_dir}: {path}", fontsize="medium")
+    figure.suptitle(plot_title(run_dir, path), fontsize="medium")
 
     output = Path(output) if output is not None else Path(run_dir) / DEFAULT_OUTPUT
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -177,18 +193,14 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `vlm-grpo plot`; a missing or empty state exits with status 2 and a one-line message."""
+    """Entry point of `vlm-grpo plot`; a missing or empty state is a `VLMGRPOError` (one line, status 1)."""
     parser = argparse.ArgumentParser(prog="vlm-grpo plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's output_dir")
     parser.add_argument("--output", default=None, help=f"PNG to write (default RUN_DIR/{DEFAULT_OUTPUT})")
     args = parser.parse_args(argv)
-    try:
-        output = plot_run(args.run_dir, args.output)
-    except ValueError as error:
-        print(f"vlm-grpo plot: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    output = plot_run(args.run_dir, args.output)
     print(output)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli("plot", main, sys.argv[1:])

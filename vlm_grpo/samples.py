@@ -1,14 +1,7 @@
-"""Sample logs of a run (prompts, completions, rewards, advantages) and `vlm-grpo samples`, their HTML view.
+"""`vlm-grpo samples`: a run's sample log (see `vlm_grpo.sample_log`) read back and rendered as one HTML page.
 
-The trainer writes `RUN_DIR/samples/step_{step:06d}.jsonl` with `write_samples`, one JSON line per prompt group:
-
-    {"step": 10, "prompt": "What color is the square ?", "images": ["data/0001.png"], "solution": "red",
-     "completions": ["red", "blue"], "rewards": {"accuracy": [1.0, 0.0]}, "advantages": [0.71, -0.71]}
-
-`images` holds file paths ("" for an image that had no file); a reward is null where it does not apply.
-
-    vlm-grpo samples runs/demo                      writes runs/demo/samples.html
-    vlm-grpo samples runs/demo --output view.html
+vlm-grpo samples runs/demo                      writes runs/demo/samples.html
+vlm-grpo samples runs/demo --output view.html
 """
 
 from __future__ import annotations
@@ -19,16 +12,17 @@ import html
 import io
 import json
 import math
-import re
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-SAMPLES_DIR = "samples"
+from .errors import VLMGRPOError, run_cli
+from .sample_log import SAMPLE_FILE, SAMPLES_DIR
+from .sample_log import samples_path as samples_path  # until every caller imports it from sample_log
+from .sample_log import write_samples as write_samples  # until every caller imports it from sample_log
+
 DEFAULT_OUTPUT = "samples.html"
 MAX_IMAGE_SIDE = 256
-_FILE_NAME = re.compile(r"^step_(\d+)\.jsonl$")
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
 h2 { border-bottom: 2px solid #888; margin-top: 2em; }
@@ -43,41 +37,6 @@ td.num { text-align: right; font-family: monospace; }
 """
 
 
-def samples_path(run_dir: str | Path, step: int) -> Path:
-    """Where the samples of training step `step` go: `RUN_DIR/samples/step_{step:06d}.jsonl`."""
-    return Path(run_dir) / SAMPLES_DIR / f"step_{step:06d}.jsonl"
-
-
-def _jsonable(value: Any) -> Any:
-    """`value` with non-finite floats turned into None (JSON has no NaN) and tuples into lists."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def write_samples(path: str | Path, records: Iterable[dict[str, Any]]) -> Path:
-    """Write prompt-group records as JSON lines (parent folders are created, an existing file is replaced).
-
-    Args:
-        path (`str | Path`): the JSONL file, usually `samples_path(output_dir, global_step)`.
-        records (`Iterable[dict]`): one dict per prompt group with the keys `step`, `prompt`, `images`,
-            `solution`, `completions`, `rewards` and `advantages` (see the module docstring). NaN rewards are
-            written as null.
-
-    Returns:
-        `Path`: the file written.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps(_jsonable(dict(r)), ensure_ascii=False) for r in records]
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
 def read_samples(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every record of `RUN_DIR/samples/step_*.jsonl`, ordered by step (file order within a step).
 
@@ -88,16 +47,16 @@ def read_samples(run_dir: str | Path) -> list[dict[str, Any]]:
         `list[dict]`: the records; empty when the run logged no samples.
 
     Raises:
-        ValueError: `run_dir` is not a folder, or a line is not a JSON object with a `completions` list (the
+        VLMGRPOError: `run_dir` is not a folder, or a line is not a JSON object with a `completions` list (the
             message names the file and the line number).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise ValueError(f"run folder {run_dir} does not exist; pass the output_dir of a training run.")
+        raise VLMGRPOError(f"run folder {run_dir} does not exist; pass the output_dir of a training run.")
     files = [
         (int(m.group(1)), f)
         for f in (run_dir / SAMPLES_DIR).glob("step_*.jsonl")
-        if (m := _FILE_NAME.match(f.name))
+        if (m := SAMPLE_FILE.match(f.name))
     ]
     records = []
     for _, file in sorted(files):
@@ -107,11 +66,11 @@ def read_samples(run_dir: str | Path) -> list[dict[str, Any]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(
+                raise VLMGRPOError(
                     f"{file}, line {number}: not valid JSON ({error.msg}); fix or delete it."
                 ) from None
             if not isinstance(record, dict) or not isinstance(record.get("completions"), list):
-                raise ValueError(
+                raise VLMGRPOError(
                     f"{file}, line {number}: not a sample record (a JSON object with a `completions` list); "
                     "fix or delete it."
                 )
@@ -206,16 +165,16 @@ def render_html(run_dir: str | Path, output: str | Path | None = None) -> Path:
         `Path`: the page written.
 
     Raises:
-        ValueError: no sample files in the run, or a malformed line (see `read_samples`).
+        VLMGRPOError: no sample files in the run, or a malformed line (see `read_samples`).
     """
     run_dir = Path(run_dir)
     records = read_samples(run_dir)
     if not records:
-        raise ValueError(
+        raise VLMGRPOError(
             f"no samples in {run_dir / SAMPLES_DIR} (expected step_*.jsonl files); the trainer writes them "
             "while training, so train with sample logging on first."
         )
-    title = f"Samples of {run_dir}"
+    title = f"Samples of {run_dir.resolve().name}"  # the run's name, not a machine path
     body = [f"<h1>{html.escape(title)}</h1>"]
     cache: dict[str, str] = {}
     step = object()
@@ -237,20 +196,16 @@ def render_html(run_dir: str | Path, output: str | Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `vlm-grpo samples`; a missing or malformed sample log exits with status 2 and one line."""
+    """Entry point of `vlm-grpo samples`; a missing or malformed sample log is a `VLMGRPOError` (one line, status 1)."""
     parser = argparse.ArgumentParser(prog="vlm-grpo samples", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's output_dir")
     parser.add_argument(
         "--output", default=None, help=f"HTML page to write (default RUN_DIR/{DEFAULT_OUTPUT})"
     )
     args = parser.parse_args(argv)
-    try:
-        output = render_html(args.run_dir, args.output)
-    except ValueError as error:
-        print(f"vlm-grpo samples: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    output = render_html(args.run_dir, args.output)
     print(output)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli("samples", main, sys.argv[1:])

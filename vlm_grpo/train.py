@@ -8,27 +8,37 @@ Same arguments for every launcher:
     accelerate launch --config_file local_scripts/accelerate_zero3.yaml -m vlm_grpo.train recipes/...yaml
 
 The YAML gives defaults for any field of `ScriptArguments`, `VLMGRPOConfig` and `VLMModelConfig`; flags override.
+A key or flag that names no field is an error, reported before any other check, with the closest valid name.
 """
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import logging
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import torch
-from trl import TrlParser, get_peft_config
+import yaml
+from trl import GRPOConfig, TrlParser, get_peft_config
 
 from .adapters import qlora_quantization_config
 from .checkpoints import resolve_resume
 from .config import VLMGRPOConfig, VLMModelConfig
 from .data import load_data_config
-from .errors import run_cli
+from .errors import VLMGRPOError, one_line, run_cli
 from .rewards import build_rewards
 from .trainer import VLMGRPOTrainer
 
 logger = logging.getLogger("vlm_grpo")
+
+USAGE = "vlm-grpo train CONFIG.yaml [--option value ...]"
+CONFIG_FILE_KEYS = ("env",)
+"""Keys of a training YAML that are no option: `env` sets environment variables (as `trl.TrlParser` does)."""
 
 
 @dataclass
@@ -38,7 +48,8 @@ class ScriptArguments:
     Parameters:
         data_config (`str`): YAML data config (see `vlm_grpo.data.load_data_config`).
         rewards (`list`, defaults to `["format"]`): reward names, dotted paths to the user's functions, or (in
-            YAML) mappings `{name: iou, weight: 1.0, ...}`; extra keys are passed to the reward as options.
+            YAML) mappings `{name: iou, weight: 1.0, ...}`; other keys are options passed to the reward, and each
+            must be a keyword the reward function takes (a user function with `**kwargs` takes any).
         eval_data_config (`str | None`): optional YAML data config for evaluation during training.
     """
 
@@ -66,19 +77,118 @@ def model_init_kwargs(model_args: VLMModelConfig) -> dict[str, Any]:
     return kwargs
 
 
+def build_parser() -> TrlParser:
+    """The parser of `vlm-grpo train`: our own options first in `--help`, then TRL's and transformers' ones."""
+    parser = TrlParser(
+        (ScriptArguments, VLMGRPOConfig, VLMModelConfig),
+        prog="vlm-grpo train",
+        usage=USAGE,
+        description="Train a vision-language model with GRPO. CONFIG.yaml gives a value to any option below; "
+        "a flag on the command line overrides it.",
+        allow_abbrev=False,
+    )
+    grpo_fields = {f.name for f in fields(GRPOConfig)}
+    own_fields = [f.name for f in fields(VLMGRPOConfig) if f.name not in grpo_fields]
+    script_fields = [f.name for f in fields(ScriptArguments)]
+    _group_first(parser, "what to train", ["help", "model_name_or_path", *script_fields])
+    _group_first(parser, "vision-language options (VLMGRPOConfig)", own_fields)
+    parser._optionals.title = (
+        "TRL and transformers options (trl.GRPOConfig, TrainingArguments, trl.ModelConfig)"
+    )
+    return parser
+
+
+def _group_first(parser: argparse.ArgumentParser, title: str, dests: list[str]) -> None:
+    """Move the options of `dests` into a new help section shown before the default options section."""
+    group = parser.add_argument_group(title)
+    parser._action_groups.remove(group)
+    parser._action_groups.insert(parser._action_groups.index(parser._optionals), group)
+    moved = [a for a in parser._optionals._group_actions if a.dest in dests]
+    for action in sorted(moved, key=lambda a: dests.index(a.dest)):
+        parser._optionals._group_actions.remove(action)
+        group._group_actions.append(action)
+
+
+def _closest(name: str, valid: Iterable[str]) -> str:
+    """` (did you mean 'X'?)` for the closest valid name, or "" when none is near."""
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """Read a training YAML; a missing file, a syntax error or a non-mapping is a `VLMGRPOError` naming it."""
+    if not Path(path).is_file():
+        raise VLMGRPOError(f"training config {path} not found; pass the path of an existing YAML file.")
+    try:
+        config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise VLMGRPOError(f"{path}: not valid YAML ({one_line(error)}); fix the syntax.") from error
+    if not isinstance(config, dict):
+        raise VLMGRPOError(
+            f"{path}: expected a mapping of option names to values, got {type(config).__name__}."
+        )
+    return config
+
+
+def check_config_keys(config: dict[str, Any], path: str, parser: TrlParser) -> None:
+    """Refuse top-level keys that name no option, each with the closest valid name."""
+    valid = {a.dest for a in parser._actions if a.dest != "help"} | set(CONFIG_FILE_KEYS)
+    unknown = [str(key) for key in config if key not in valid]
+    if unknown:
+        named = ", ".join(f"{key!r}{_closest(key, valid)}" for key in unknown)
+        raise VLMGRPOError(
+            f"{path}: unknown key{'s' if len(unknown) > 1 else ''} {named}; fix or remove "
+            f"{'them' if len(unknown) > 1 else 'it'} (`vlm-grpo train --help` lists every option)."
+        )
+
+
+def check_flags(argv: list[str], parser: TrlParser) -> None:
+    """Refuse command-line flags that name no option, with the closest valid flag."""
+    valid = [flag for flag in parser._option_string_actions if flag.startswith("--")]
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if flag.startswith("--") and flag not in valid:
+            raise VLMGRPOError(
+                f"unknown option {flag}{_closest(flag, valid)}; `vlm-grpo train --help` lists every option."
+            )
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOConfig, VLMModelConfig]:
-    """Parse `[CONFIG.yaml] [--field value ...]`; a leading YAML path is the same as `--config CONFIG.yaml`."""
+    """Parse `CONFIG.yaml [--option value ...]` (`--config CONFIG.yaml` works too) into the three configs.
+
+    Unknown keys and flags, YAML errors and reward-entry keys are checked first; TRL's and transformers'
+    validation of the values then runs, and its errors are re-raised as `VLMGRPOError` naming the config.
+
+    Raises:
+        SystemExit: no arguments (the usage is printed; status 1 under `vlm-grpo`).
+        VLMGRPOError: any of the errors above, or no `data_config` / `model_name_or_path`.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and not argv[0].startswith("-"):
+    parser = build_parser()
+    if not argv:
+        parser.error("give a training config: vlm-grpo train CONFIG.yaml (--help lists the options)")
+    if not argv[0].startswith("-"):
         argv = ["--config", argv[0], *argv[1:]]
-    parser = TrlParser((ScriptArguments, VLMGRPOConfig, VLMModelConfig))
-    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    config_path = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+    rest = [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
+    check_flags(rest, parser)
+    if config_path is not None:
+        config = read_config(config_path)
+        check_config_keys(config, config_path, parser)
+        if "rewards" in config and "--rewards" not in rest:
+            build_rewards(config["rewards"])  # reward names and entry keys, before TRL's checks
+    try:
+        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    except VLMGRPOError:
+        raise
+    except ValueError as error:  # TRL's and transformers' validation of the options' values
+        raise VLMGRPOError(f"{config_path or 'command line'}: {one_line(error)}") from error
     if script_args.data_config is None:
-        raise ValueError(
+        raise VLMGRPOError(
             "data_config is required: set `data_config: path/to/data.yaml` in the training YAML."
         )
     if model_args.model_name_or_path is None:
-        raise ValueError(
+        raise VLMGRPOError(
             "model_name_or_path is required: set it in the training YAML or pass --model_name_or_path."
         )
     return script_args, training_args, model_args

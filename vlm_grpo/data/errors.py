@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from ..errors import VLMGRPOError
 
-class DataConfigError(ValueError):
-    """A data config or a data file is invalid.
+
+class DataConfigError(VLMGRPOError):
+    """A data config or a data file is invalid (a `VLMGRPOError`: commands report it in one line).
 
     The message is one line that names the file (YAML config or data file), the entry or record and the
     field at fault, and says what to change.

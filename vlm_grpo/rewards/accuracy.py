@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import VLMGRPOError
 from .choice import choice_accuracy
 from .columns import batch_size, require_column
 from .grounding import iou
@@ -43,11 +44,11 @@ def resolve_method(method: str | None, default: str | None = None) -> str:
         str: a key of :data:`ACCURACY_METHODS`.
 
     Raises:
-        ValueError: ``method`` is ``None`` and no ``default`` is set, or a name is unknown.
+        VLMGRPOError: ``method`` is ``None`` and no ``default`` is set, or a name is unknown.
     """
     if method is None:
         if default is None:
-            raise ValueError(
+            raise VLMGRPOError(
                 "Reward 'accuracy' needs the dataset column 'accu_reward_method' naming the accuracy reward of each "
                 f"record ({_known()}), or the option 'default' (e.g. {{name: accuracy, default: iou}}) for records "
                 "without it."
@@ -58,7 +59,7 @@ def resolve_method(method: str | None, default: str | None = None) -> str:
         method = default if default not in (None, "default") else DEFAULT_METHOD
     name = METHOD_ALIASES.get(method, method)
     if name not in ACCURACY_METHODS:
-        raise ValueError(f"Reward 'accuracy': unknown accu_reward_method {method!r}; known: {_known()}.")
+        raise VLMGRPOError(f"Reward 'accuracy': unknown accu_reward_method {method!r}; known: {_known()}.")
     return name
 
 
@@ -96,7 +97,7 @@ def accuracy(
         list[float | None]: the reward per completion.
 
     Raises:
-        ValueError: a record has no method and no ``default`` is set, or a method name is unknown.
+        VLMGRPOError: a record has no method and no ``default`` is set, or a method name is unknown.
     """
     size = batch_size(completions, solution)
     if default is not None:

@@ -7,6 +7,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import VLMGRPOError
 from .columns import batch_size, require_column, require_value
 from .text import answer_or_text, completion_text, normalize_phrase, strip_answer_tag
 
@@ -56,11 +57,11 @@ def choice_accuracy(
         list[float | None]: 1.0, 0.0 or ``None`` per completion.
 
     Raises:
-        ValueError: the ``options`` or ``solution`` column is missing, or a record's ``options`` is not a
+        VLMGRPOError: the ``options`` or ``solution`` column is missing, or a record's ``options`` is not a
             list of strings, or a solution names none of its options.
     """
     if solution is None:
-        raise ValueError(
+        raise VLMGRPOError(
             "Reward 'choice_accuracy' needs the dataset column 'solution' with the correct option."
         )
     size = batch_size(completions, solution)
@@ -74,7 +75,7 @@ def choice_accuracy(
             continue
         gold = _named_option(str(strip_answer_tag(sol)), texts, labels)
         if gold is None:
-            raise ValueError(
+            raise VLMGRPOError(
                 f"choice_accuracy: the solution {sol!r} at batch position {i} is none of its options {list(opts)!r}; "
                 "the solution must be one of the option texts (or its label A, B, ... when labels=True)."
             )
@@ -91,7 +92,7 @@ def _option_texts(opts: Any, index: int) -> list[str]:
         or not isinstance(opts, Sequence)
         or not all(isinstance(o, str) for o in opts)
     ):
-        raise ValueError(
+        raise VLMGRPOError(
             f"choice_accuracy: column 'options' at batch position {index} is {opts!r}; expected {_OPTIONS_HINT}."
         )
     return [normalize_phrase(o) for o in opts]

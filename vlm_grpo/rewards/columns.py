@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import VLMGRPOError
+
 
 def require_column(kwargs: Mapping[str, Any], name: str, size: int, reward: str, hint: str = "") -> list[Any]:
     """Return the column ``name`` from the reward's keyword arguments, checked against the batch size.
@@ -24,22 +26,22 @@ def require_column(kwargs: Mapping[str, Any], name: str, size: int, reward: str,
         list[Any]: the column values.
 
     Raises:
-        ValueError: when the column is absent or its length differs from ``size``.
+        VLMGRPOError: when the column is absent or its length differs from ``size``.
     """
     values = kwargs.get(name)
     if values is None:
-        raise ValueError(
+        raise VLMGRPOError(
             f"Reward '{reward}' needs the dataset column '{name}', which is missing. "
             f"Add a '{name}' column to the dataset{': ' + hint if hint else ''}."
         )
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-        raise ValueError(
+        raise VLMGRPOError(
             f"Reward '{reward}' expected the column '{name}' as a list with one value per completion, "
             f"got {type(values).__name__}."
         )
     values = list(values)
     if len(values) != size:
-        raise ValueError(
+        raise VLMGRPOError(
             f"Reward '{reward}': column '{name}' has {len(values)} values for {size} completions; "
             "every column must hold one value per completion."
         )
@@ -60,10 +62,10 @@ def require_value(value: Any, name: str, index: int, reward: str, hint: str = ""
         Any: ``value`` itself.
 
     Raises:
-        ValueError: when ``value`` is ``None``.
+        VLMGRPOError: when ``value`` is ``None``.
     """
     if value is None:
-        raise ValueError(
+        raise VLMGRPOError(
             f"Reward '{reward}' needs the dataset column '{name}', but it is missing (None) for the record at "
             f"batch position {index}. Fill '{name}' for every record{': ' + hint if hint else ''}."
         )
@@ -81,11 +83,11 @@ def batch_size(completions: Any, solution: Any = None) -> int:
         int: ``len(completions)``.
 
     Raises:
-        ValueError: when ``solution`` has a different length.
+        VLMGRPOError: when ``solution`` has a different length.
     """
     size = len(completions)
     if solution is not None and (isinstance(solution, str) or len(solution) != size):
-        raise ValueError(
+        raise VLMGRPOError(
             f"The 'solution' column must be a list with one value per completion ({size}), "
             f"got {type(solution).__name__}"
             + ("" if isinstance(solution, str) else f" of length {len(solution)}")

@@ -6,6 +6,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import VLMGRPOError
 from .columns import batch_size, require_column, require_value
 from .text import (
     answer_or_text,
@@ -94,13 +95,13 @@ def iou(
         list[float | None]: the IoU per completion.
 
     Raises:
-        ValueError: unknown ``coords``; a missing column needed by ``coords`` or a missing ``solution``
+        VLMGRPOError: unknown ``coords``; a missing column needed by ``coords`` or a missing ``solution``
             column; a solution or size that is not what is described above.
     """
     if coords not in COORDS:
-        raise ValueError(f"iou: unknown coords={coords!r}; use one of {', '.join(COORDS)}.")
+        raise VLMGRPOError(f"iou: unknown coords={coords!r}; use one of {', '.join(COORDS)}.")
     if solution is None:
-        raise ValueError(
+        raise VLMGRPOError(
             "Reward 'iou' needs the dataset column 'solution' with the ground-truth box [x1, y1, x2, y2]."
         )
     size = batch_size(completions, solution)
@@ -149,7 +150,7 @@ def _solution_box(sol: Any, index: int) -> list[float]:
             return box
     elif isinstance(sol, Sequence) and len(sol) == 4 and all(_is_number(v) for v in sol):
         return [float(v) for v in sol]
-    raise ValueError(
+    raise VLMGRPOError(
         f"iou: the solution at batch position {index} is {sol!r}; expected a box [x1, y1, x2, y2] "
         "as a list of four numbers or a string holding one."
     )
@@ -160,6 +161,6 @@ def _size(value: Any, name: str, index: int) -> tuple[float, float]:
     if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
         if all(_is_number(v) and v > 0 for v in value):
             return float(value[0]), float(value[1])
-    raise ValueError(
+    raise VLMGRPOError(
         f"iou: column '{name}' at batch position {index} is {value!r}; expected [width, height] > 0."
     )

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import VLMGRPOError
 from .columns import batch_size
 from .text import (
     THINK_CLOSE,
@@ -104,10 +105,10 @@ def math_accuracy(
         list[float | None]: 1.0, 0.0 or ``None`` per completion.
 
     Raises:
-        ValueError: the ``solution`` column is missing.
+        VLMGRPOError: the ``solution`` column is missing.
     """
     if solution is None:
-        raise ValueError(
+        raise VLMGRPOError(
             "Reward 'math_accuracy' needs the dataset column 'solution' with the ground-truth answer."
         )
     batch_size(completions, solution)
@@ -157,10 +158,10 @@ def geo3k(
         list[float | None]: the score per completion.
 
     Raises:
-        ValueError: the ``solution`` column is missing.
+        VLMGRPOError: the ``solution`` column is missing.
     """
     if solution is None:
-        raise ValueError("Reward 'geo3k' needs the dataset column 'solution' with the ground-truth answer.")
+        raise VLMGRPOError("Reward 'geo3k' needs the dataset column 'solution' with the ground-truth answer.")
     accuracies = math_accuracy(completions, solution)
     rewards: list[float | None] = []
     for completion, acc in zip(completions, accuracies):

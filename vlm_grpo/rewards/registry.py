@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import math
@@ -9,6 +10,7 @@ import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..errors import VLMGRPOError
 from .accuracy import accuracy
 from .choice import choice_accuracy
 from .formatting import format_reward
@@ -27,6 +29,9 @@ REWARDS: dict[str, RewardFunc] = {
     "accuracy": accuracy,
 }
 """Built-in rewards by name. Each is called as TRL calls rewards: ``fn(completions, solution, **kwargs)``."""
+
+TRL_CALL_ARGUMENTS = ("completions", "prompts", "completion_ids", "trainer_state", "log_metric", "log_extra")
+"""Keywords TRL passes to every reward call; never options of a reward spec."""
 
 
 class NamedReward:
@@ -72,7 +77,7 @@ def _import_reward(path: str) -> tuple[Callable[..., Any], str]:
     """Import ``package.module.attr`` and return the callable and its name."""
     module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
-        raise ValueError(f"Reward {path!r} is not a dotted path 'package.module.function'.")
+        raise VLMGRPOError(f"Reward {path!r} is not a dotted path 'package.module.function'.")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -80,18 +85,18 @@ def _import_reward(path: str) -> tuple[Callable[..., Any], str]:
         # a missing dependency inside the user's module is re-raised as is.
         if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise
-        raise ValueError(
+        raise VLMGRPOError(
             f"Reward {path!r}: cannot import module {module_name!r} ({exc}). Check the spelling and that the "
             "module is importable (installed, or its folder on PYTHONPATH)."
         ) from exc
     try:
         func = getattr(module, attr)
     except AttributeError:
-        raise ValueError(
+        raise VLMGRPOError(
             f"Reward {path!r}: module {module_name!r} has no attribute {attr!r}. Check the function name."
         ) from None
     if not callable(func):
-        raise ValueError(
+        raise VLMGRPOError(
             f"Reward {path!r}: {attr!r} in {module_name!r} is a {type(func).__name__}, not a callable. "
             "Point to a function fn(completions, **kwargs) -> list[float | None]."
         )
@@ -106,7 +111,8 @@ def get_reward(name: str, **kwargs: Any) -> NamedReward:
         name (str): a key of :data:`REWARDS` (``format``, ``rec_format``, ``iou``, ``choice_accuracy``,
             ``math_accuracy``, ``geo3k``, ``accuracy``), or a dotted path ``package.module.function`` to a
             user reward, imported with :mod:`importlib`.
-        **kwargs (Any): options bound to every call, e.g. ``coords="norm1000"`` for ``iou``.
+        **kwargs (Any): options bound to every call, e.g. ``coords="norm1000"`` for ``iou``. Each must be a
+            keyword the function names in its signature; a user function that takes ``**kwargs`` accepts any.
 
     Returns:
         NamedReward: a callable ``fn(completions, solution, **kwargs)`` whose ``__name__`` is ``name`` for a
@@ -114,24 +120,71 @@ def get_reward(name: str, **kwargs: Any) -> NamedReward:
         :class:`AsyncNamedReward`.
 
     Raises:
-        ValueError: an unknown name without a dot (the message lists the built-in names), or a dotted path
-            whose module or attribute is missing or is not callable.
+        VLMGRPOError: an unknown name without a dot (the message lists the built-in names), a dotted path
+            whose module or attribute is missing or is not callable, or an option the reward does not take.
     """
+    return _make_reward(name, kwargs)
+
+
+def _make_reward(name: Any, options: Mapping[str, Any], spec_keys: tuple[str, ...] = ()) -> NamedReward:
+    """`get_reward`; `spec_keys` are the other keys valid where the options came from (``name``, ``weight``)."""
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(
+        raise VLMGRPOError(
             f"Reward name must be a non-empty string, got {name!r}. Built-in rewards: {_builtins()}."
         )
     name = name.strip()
     if name in REWARDS:
-        return NamedReward(REWARDS[name], name, kwargs)
+        _check_options(name, REWARDS[name], options, spec_keys, any_keyword=False)
+        return NamedReward(REWARDS[name], name, options)
     if "." not in name:
-        raise ValueError(
+        raise VLMGRPOError(
             f"Unknown reward {name!r}. Built-in rewards: {_builtins()}; "
             "or give a dotted path 'package.module.function' to your own reward."
         )
     func, func_name = _import_reward(name)
+    _check_options(name, func, options, spec_keys, any_keyword=True)
     wrapper = AsyncNamedReward if _is_async(func) else NamedReward
-    return wrapper(func, func_name, kwargs)
+    return wrapper(func, func_name, options)
+
+
+def reward_options(func: Callable[..., Any]) -> tuple[list[str], bool] | None:
+    """The options a reward takes: the keywords its signature names (not ``completions`` nor TRL's call
+    arguments), and whether it also takes ``**kwargs``; None when Python cannot read its signature."""
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # some C callables have no readable signature
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = [p.name for p in parameters if p.kind in kinds and p.name not in TRL_CALL_ARGUMENTS]
+    return named, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _check_options(
+    name: str,
+    func: Callable[..., Any],
+    options: Mapping[str, Any],
+    spec_keys: tuple[str, ...],
+    any_keyword: bool,
+) -> None:
+    """Refuse an option the reward does not take, naming the closest valid key.
+
+    Built-in rewards take ``**kwargs`` only to receive the dataset columns, so their options are the keywords
+    they name; a user reward that takes ``**kwargs`` (``any_keyword``) accepts any option.
+    """
+    accepted = reward_options(func)
+    if accepted is None:
+        return
+    named, takes_kwargs = accepted
+    if takes_kwargs and any_keyword:
+        return
+    for key in options:
+        if key not in named:
+            valid = [*spec_keys, *named]
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise VLMGRPOError(
+                f"reward {name!r}: unknown key {key!r}{hint}; valid keys: {', '.join(valid) or 'none'}."
+            )
 
 
 def _builtins() -> str:
@@ -160,13 +213,13 @@ def build_rewards(specs: Iterable[str | Mapping[str, Any]] | None) -> tuple[list
         tuple[list[NamedReward], list[float]]: the reward callables and their weights, in spec order.
 
     Raises:
-        ValueError: a spec that is neither a string nor a mapping, a mapping without ``name``, a weight that
+        VLMGRPOError: a spec that is neither a string nor a mapping, a mapping without ``name``, a weight that
             is not a number, or a name :func:`get_reward` rejects.
     """
     if specs is None:
         return [], []
     if isinstance(specs, (str, Mapping)):
-        raise ValueError(
+        raise VLMGRPOError(
             f"Reward specs must be a list of names or mappings, got {type(specs).__name__}: {specs!r}."
         )
     funcs: list[NamedReward] = []
@@ -177,20 +230,20 @@ def build_rewards(specs: Iterable[str | Mapping[str, Any]] | None) -> tuple[list
             name, weight, options = spec, 1.0, {}
         elif isinstance(spec, Mapping):
             if "name" not in spec:
-                raise ValueError(
+                raise VLMGRPOError(
                     f"Reward spec #{position} {dict(spec)!r} has no 'name'; write e.g. {{name: iou, weight: 1.0}}."
                 )
             options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
             name, weight = spec["name"], spec.get("weight", 1.0)
             if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
-                raise ValueError(
+                raise VLMGRPOError(
                     f"Reward spec #{position} ({name}): weight must be a finite number, got {type(weight).__name__} {weight!r}."
                 )
         else:
-            raise ValueError(
+            raise VLMGRPOError(
                 f"Reward spec #{position} must be a name or a mapping with 'name', got {type(spec).__name__}: {spec!r}."
             )
-        reward = get_reward(name, **options)
+        reward = _make_reward(name, options, spec_keys=("name", "weight"))
         logged, count = reward.__name__, 1
         while logged in taken:
             count += 1

@@ -1,0 +1,61 @@
+"""The sample log of a run: where the trainer writes each logged step's prompt groups, and how.
+
+Every `log_samples_steps` steps the trainer writes `RUN_DIR/samples/step_{step:06d}.jsonl` with `write_samples`,
+one JSON line per prompt group:
+
+    {"step": 10, "prompt": "What color is the square ?", "images": ["data/0001.png"], "solution": "red",
+     "completions": ["red", "blue"], "rewards": {"accuracy": [1.0, 0.0]}, "advantages": [0.71, -0.71]}
+
+`images` holds file paths ("" for an image that had no file); a reward is null where it does not apply.
+`vlm_grpo.samples` reads these files back and renders them as an HTML page.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+SAMPLES_DIR = "samples"
+"""The folder of the sample log inside the run's `output_dir`."""
+
+SAMPLE_FILE = re.compile(r"^step_(\d+)\.jsonl$")
+"""The name of one step's file in `SAMPLES_DIR`; group 1 is the step."""
+
+
+def samples_path(run_dir: str | Path, step: int) -> Path:
+    """Where the samples of training step `step` go: `RUN_DIR/samples/step_{step:06d}.jsonl`."""
+    return Path(run_dir) / SAMPLES_DIR / f"step_{step:06d}.jsonl"
+
+
+def _jsonable(value: Any) -> Any:
+    """`value` with non-finite floats turned into None (JSON has no NaN) and tuples into lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_samples(path: str | Path, records: Iterable[dict[str, Any]]) -> Path:
+    """Write prompt-group records as JSON lines (parent folders are created, an existing file is replaced).
+
+    Args:
+        path (`str | Path`): the JSONL file, usually `samples_path(output_dir, global_step)`.
+        records (`Iterable[dict]`): one dict per prompt group with the keys `step`, `prompt`, `images`,
+            `solution`, `completions`, `rewards` and `advantages` (see the module docstring). NaN rewards are
+            written as null.
+
+    Returns:
+        `Path`: the file written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(_jsonable(dict(r)), ensure_ascii=False) for r in records]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
