@@ -196,7 +196,7 @@ def test_prompt_longer_than_context_is_explained(tiny_model, tmp_path):
         args=grpo_args(tmp_path, max_steps=1),
         train_dataset=color_dataset(8),
     )
-    trainer.context_length = 12  # as if the model had a 12-token context
+    trainer.family.context_length = lambda config: 12  # as if the model had a 12-token context
     row = color_dataset(1, images_per_prompt=2)[0]
     with pytest.raises(ValueError, match=r"8 of them for its 2 image\(s\).*context of 12 tokens.*max_pixels"):
         trainer._encode_prompts(load_rows([row]))

@@ -26,7 +26,7 @@ def test_two_images_per_prompt(family, tiny_model, tmp_path):
         assert sum(t == image_token for t in e.input_ids) > 0
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
-    vision = [n for n in before if trainer.vlm_module.is_vision_module(n) and "head." not in n]
+    vision = [n for n in before if trainer.family.is_vision_module(n) and "head." not in n]
     assert any(not torch.equal(before[n], trainer.model.get_parameter(n)) for n in vision)
 
 
@@ -70,7 +70,7 @@ def test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_pa
     try:
         # Control: unconstrained sampling from this model emits placeholders.
         ids = torch.tensor([encoded[0].input_ids])
-        inputs = trainer.vlm_module.model_inputs(
+        inputs = trainer.family.model_inputs(
             trainer.model.config, ids, torch.ones_like(ids), [encoded[0].image_inputs]
         )
         free = trainer.model.generate(**inputs, max_new_tokens=4, do_sample=True)[0, ids.size(1) :]

@@ -10,7 +10,7 @@ from conftest import color_dataset, color_rows, grpo_args, length_reward, square
 from PIL import Image
 from trl.data_utils import prepare_multimodal_messages
 
-from vlm_grpo import VLMGRPOTrainer, get_vlm_module
+from vlm_grpo import VLMGRPOTrainer, get_model_family
 from vlm_grpo.cli import main as cli_main
 from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.export import export_merged
@@ -168,7 +168,7 @@ def test_export_merges_lora_exactly(tiny_model, tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     base_path = tiny_model("qwen2_vl")
-    module = get_vlm_module(base_path)
+    module = get_model_family(base_path)
     processor = module.load_processor(base_path)
     row = color_rows(1)[0]
     messages = prepare_multimodal_messages(row["prompt"], images=row["images"])

@@ -90,7 +90,7 @@ def test_logps_entropies_and_gradients_match_full_forward(family, tiny_model, tm
     assert torch.allclose(shared_ent[mask], full_ent[mask], atol=1e-5, rtol=0)
     assert (shared_logps[~mask] == 0).all()
     assert set(shared_grads) == set(full_grads) and any(
-        trainer.vlm_module.is_vision_module(n) for n in shared_grads
+        trainer.family.is_vision_module(n) for n in shared_grads
     )  # gradients reach the vision tower through the shared prompt
     scale = max(g.abs().max().item() for g in full_grads.values())
     for name, full in full_grads.items():
@@ -119,10 +119,10 @@ def test_shared_prefix_generation_matches_generate(family, tiny_model, tmp_path)
         ids, mask, mm = batch["prompt_ids"], batch["prompt_mask"], batch["mm"]
         with torch.no_grad():
             full = model.generate(
-                **trainer.vlm_module.model_inputs(model.config, ids, mask, mm), generation_config=config
+                **trainer.family.model_inputs(model.config, ids, mask, mm), generation_config=config
             )
             shared = shared_prefix_generate(
-                model, model, trainer.vlm_module, ids, mask, mm, generation_config=config
+                model, model, trainer.family, ids, mask, mm, generation_config=config
             )
         assert torch.equal(shared.sequences, full.sequences)
         for a, b in zip(shared.logits, full.logits, strict=True):

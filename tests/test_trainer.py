@@ -7,7 +7,7 @@ import torch
 from conftest import FAMILIES, color_dataset, grpo_args, length_reward
 from transformers import AutoModelForImageTextToText
 
-from vlm_grpo import VLMGRPOTrainer, get_vlm_module
+from vlm_grpo import VLMGRPOTrainer, get_model_family
 
 # Parameters the architecture never uses in a forward pass: SigLIP's pooling head is unused by Gemma 3
 # (true of real checkpoints too), so it can get no gradient.
@@ -50,7 +50,7 @@ def test_freeze_vision_modules_keeps_vision_bit_identical(tiny_model, tmp_path):
         args=grpo_args(tmp_path, freeze_vision_modules=True),
         train_dataset=color_dataset(8),
     )
-    module = trainer.vlm_module
+    module = trainer.family
     before = snapshot(trainer.model)
     trainer.train()
     did = changed(before, trainer.model)
@@ -73,7 +73,7 @@ def test_lora_trains_only_language_adapters(family, tiny_model, tmp_path):
         train_dataset=color_dataset(8),
         peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0),
     )
-    module = trainer.vlm_module
+    module = trainer.family
     lora_modules = [n for n, _ in trainer.model.named_modules() if n.endswith(".lora_A")]
     assert lora_modules
     assert not any(module.is_vision_module(n) for n in lora_modules)
@@ -136,4 +136,4 @@ def test_unknown_model_type_lists_supported(tmp_path):
     from transformers import LlamaConfig
 
     with pytest.raises(ValueError, match="Supported: qwen2_vl, qwen2_5_vl, qwen3_vl, internvl, gemma3"):
-        get_vlm_module(LlamaConfig())
+        get_model_family(LlamaConfig())

@@ -24,6 +24,6 @@ def test_text_only_chunk_runs_vision_tower_without_changing_results(share, tiny_
     assert calls["vision"] == 2  # one dummy image per chunk of 4 rows (6 rows)
     assert torch.allclose(logps, plain_logps, atol=1e-6, rtol=0)
     assert torch.allclose(ent, plain_ent, atol=1e-6, rtol=0)
-    vision = [n for n in grads if trainer.vlm_module.is_vision_module(n)]
+    vision = [n for n in grads if trainer.family.is_vision_module(n)]
     assert vision and all(not grads[n].any() for n in vision)  # reached by the backward, with zero gradient
     assert all(torch.allclose(grads[n], g, atol=1e-6, rtol=1e-5) for n, g in plain_grads.items())

@@ -7,7 +7,7 @@ from conftest import FAMILIES, color_rows, square_image
 from transformers import AutoConfig
 from trl.data_utils import prepare_multimodal_messages
 
-from vlm_grpo.models import get_vlm_module
+from vlm_grpo.models import get_model_family
 from vlm_grpo.rollout import load_rows
 from vlm_grpo.vllm_payload import build_vllm_payload, vllm_generate_kwargs, vllm_prompt_inputs
 
@@ -20,7 +20,7 @@ def family_setup(tiny_model):
     def get(family):
         if family not in cache:
             path = tiny_model(family)
-            module = get_vlm_module(path)
+            module = get_model_family(path)
             cache[family] = (
                 module,
                 module.load_processor(path),
@@ -175,7 +175,7 @@ def test_vllm_generates_from_payload(family, tmp_path):
     from vlm_grpo.testing import build_tiny_model
 
     path = build_tiny_model(family, tmp_path / family, hidden_size=128)  # 32-wide attention heads
-    module = get_vlm_module(path)
+    module = get_model_family(path)
     processor = module.load_processor(path)
     rows = color_rows(2, images_per_prompt=2) + color_rows(2, text_only_every=1)[:1]
     payload = build_vllm_payload(processor, module, load_rows(rows))

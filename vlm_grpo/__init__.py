@@ -1,6 +1,6 @@
 """vlm_grpo: GRPO post-training for vision-language models on top of TRL.
 
-Public face: `VLMGRPOTrainer`, `VLMGRPOConfig`, `VLMModelConfig`, `get_vlm_module`. Heavy imports (torch,
+Public face: `VLMGRPOTrainer`, `VLMGRPOConfig`, `VLMModelConfig`, `get_model_family`. Heavy imports (torch,
 transformers, TRL) happen on first use, so `vlm_grpo.data` and `vlm_grpo.rewards` stay light.
 """
 
@@ -29,7 +29,7 @@ _EXPORTS = {
     "VLMGRPOTrainer": "vlm_grpo.trainer",
     "VLMGRPOConfig": "vlm_grpo.config",
     "VLMModelConfig": "vlm_grpo.config",
-    "get_vlm_module": "vlm_grpo.models",
+    "get_model_family": "vlm_grpo.models",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -11,7 +11,7 @@ from peft import LoraConfig
 from torch import nn
 from transformers import BitsAndBytesConfig, PreTrainedModel
 
-from .models.base import VLMModule
+from .models.base import ModelFamily
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -22,13 +22,13 @@ def _is_linear(module: nn.Module) -> bool:
 
 
 def language_linear_names(
-    model: PreTrainedModel, module: VLMModule, patterns: list[str] | None = None
+    model: PreTrainedModel, family: ModelFamily, patterns: list[str] | None = None
 ) -> list[str]:
     """Full names of linear layers of the language model, optionally restricted to name patterns.
 
     Args:
         model (`PreTrainedModel`): the vision-language model (not yet wrapped by PEFT).
-        module (`VLMModule`): its per-model module (knows the vision module names).
+        family (`ModelFamily`): its per-model module (knows the vision module names).
         patterns (`list[str] | None`, defaults to None): module-name suffixes such as `["q_proj", "v_proj"]`;
             None selects every linear layer.
 
@@ -38,7 +38,7 @@ def language_linear_names(
     output_embeddings = model.get_output_embeddings()
     names = []
     for name, sub in model.named_modules():
-        if not _is_linear(sub) or sub is output_embeddings or module.is_vision_module(name):
+        if not _is_linear(sub) or sub is output_embeddings or family.is_vision_module(name):
             continue
         if patterns is None or any(name == p or name.endswith("." + p) for p in patterns):
             names.append(name)
@@ -50,7 +50,7 @@ def language_linear_names(
     return sorted(names)
 
 
-def resolve_lora_config(peft_config: LoraConfig, model: PreTrainedModel, module: VLMModule) -> LoraConfig:
+def resolve_lora_config(peft_config: LoraConfig, model: PreTrainedModel, family: ModelFamily) -> LoraConfig:
     """Return `peft_config` with `target_modules` resolved to language-model linear layers (see module doc).
 
     `target_modules` None or `"all-linear"` means every language linear layer; a list keeps its entries but drops
@@ -62,7 +62,7 @@ def resolve_lora_config(peft_config: LoraConfig, model: PreTrainedModel, module:
         if targets in (None, "all-linear")
         else ([targets] if isinstance(targets, str) else list(targets))
     )
-    peft_config.target_modules = language_linear_names(model, module, patterns)
+    peft_config.target_modules = language_linear_names(model, family, patterns)
     return peft_config
 
 

@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 from trl import GRPOConfig, ModelConfig
 
+from .device import accelerator_type
 from .errors import VLMGRPOError
 from .trl_options import refused_options
 
@@ -26,7 +28,7 @@ class VLMGRPOConfig(GRPOConfig):
     Parameters:
         freeze_vision_modules (`bool`, defaults to False): keep the vision tower and projector frozen (their
             parameters get `requires_grad=False`). The names come from the model's module
-            (`VLMModule.vision_module_names`).
+            (`ModelFamily.vision_module_names`).
         min_pixels (`int | None`, defaults to None): lower bound on pixels per image after resizing (Qwen-VL).
         max_pixels (`int | None`, defaults to None): upper bound on pixels per image; larger images are resized
             down, keeping their aspect ratio (Qwen-VL).
@@ -66,8 +68,13 @@ class VLMGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         self.resolve_bf16()
+        if accelerator_type() == "cpu":
+            self.dataloader_pin_memory = False  # pinned memory needs an accelerator (torch warns otherwise)
         try:
-            super().__post_init__()
+            with warnings.catch_warnings():
+                # TRL's own default sets `gradient_checkpointing`, which transformers 5.2x calls deprecated
+                warnings.filterwarnings("ignore", message="`gradient_checkpointing", category=FutureWarning)
+                super().__post_init__()
         except (
             ValueError
         ) as error:  # TRL's and transformers' own checks of these options: bad input, one line
@@ -115,7 +122,7 @@ class VLMGRPOConfig(GRPOConfig):
             self.bf16 = False
 
     def image_size_kwargs(self) -> dict[str, Any]:
-        """The image-size knobs as keyword arguments for `VLMModule.load_processor`."""
+        """The image-size knobs as keyword arguments for `ModelFamily.load_processor`."""
         return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "max_tiles": self.max_tiles}
 
 

@@ -23,7 +23,7 @@ from trl.data_utils import prepare_multimodal_messages
 
 from .data import load_data_config
 from .device import default_device
-from .models import VLMModule, get_vlm_module
+from .models import ModelFamily, get_model_family
 from .rewards import build_rewards
 from .rollout import load_rows, pad_rows
 
@@ -34,7 +34,7 @@ _NOT_REWARD_COLUMNS = ("prompt", "images", "image")
 def generate_texts(
     model: torch.nn.Module,
     processor: Any,
-    module: VLMModule,
+    family: ModelFamily,
     rows: Sequence[dict[str, Any]],
     max_new_tokens: int = 64,
     greedy: bool = True,
@@ -45,7 +45,7 @@ def generate_texts(
     Args:
         model (`torch.nn.Module`): the model (or PEFT model), in eval mode.
         processor (`ProcessorMixin`): its processor.
-        module (`VLMModule`): its per-model module.
+        family (`ModelFamily`): its per-model module.
         rows (`Sequence[dict]`): dataset rows.
         max_new_tokens (`int`, defaults to 64): completion budget.
         greedy (`bool`, defaults to True): greedy decoding; False samples at `temperature`.
@@ -55,13 +55,13 @@ def generate_texts(
     encoded = []
     for row in load_rows(rows):
         messages = prepare_multimodal_messages(row["prompt"], images=row["images"])
-        encoded.append(module.encode_prompt(processor, messages, row["images"]))
+        encoded.append(family.encode_prompt(processor, messages, row["images"]))
     ids, mask = pad_rows([e.input_ids for e in encoded], processor.tokenizer.pad_token_id, "left")  # [B, P]
     ids, mask = ids.to(device), mask.to(device)
-    inputs = module.model_inputs(
+    inputs = family.model_inputs(
         model.config, ids, mask, [e.image_inputs for e in encoded]
     )  # + image tensors
-    eos = module.eos_token_ids(processor, model)
+    eos = family.eos_token_ids(processor, model)
     output = model.generate(
         **inputs,
         max_new_tokens=max_new_tokens,
@@ -71,7 +71,7 @@ def generate_texts(
         top_k=None,
         eos_token_id=eos,
         pad_token_id=processor.tokenizer.pad_token_id,
-        suppress_tokens=module.placeholder_token_ids(processor, model.config),
+        suppress_tokens=family.placeholder_token_ids(processor, model.config),
     )
     completions = output[:, ids.size(1) :].cpu()  # [B, C]
     texts = []
@@ -109,21 +109,21 @@ def evaluate(
         trust_remote_code (`bool`, defaults to False): allow code shipped with the checkpoint to run.
     """
     set_seed(seed)
-    module = get_vlm_module(model, trust_remote_code=trust_remote_code)
-    policy = module.load_model(model, **module.model_init_kwargs(trust_remote_code=trust_remote_code))
+    family = get_model_family(model, trust_remote_code=trust_remote_code)
+    policy = family.load_model(model, **family.model_init_kwargs(trust_remote_code=trust_remote_code))
     if adapter:
         from peft import PeftModel
 
         policy = PeftModel.from_pretrained(policy, adapter)
     policy = policy.to(default_device()).eval()
-    processor = module.load_processor(model, trust_remote_code=trust_remote_code)
+    processor = family.load_processor(model, trust_remote_code=trust_remote_code)
     dataset = load_data_config(data, seed=seed)
     funcs, _ = build_rewards(list(rewards))
 
     scores: dict[str, list[float]] = {f.__name__: [] for f in funcs}
     for start in range(0, len(dataset), batch_size):
         rows = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-        texts = generate_texts(policy, processor, module, rows, max_new_tokens, greedy)
+        texts = generate_texts(policy, processor, family, rows, max_new_tokens, greedy)
         columns = {k: [row[k] for row in rows] for k in rows[0] if k not in _NOT_REWARD_COLUMNS}
         completions = [[{"role": "assistant", "content": t}] for t in texts]
         for func in funcs:

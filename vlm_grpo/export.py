@@ -71,20 +71,20 @@ def export_merged(
     """
     from peft import PeftModel
 
-    from .models import get_vlm_module
+    from .models import get_model_family
 
     adapter, out = Path(adapter), Path(out)
     _check_paths(model, adapter, out, overwrite)
-    module = get_vlm_module(model, trust_remote_code=trust_remote_code)
-    init_kwargs = module.model_init_kwargs(dtype=dtype, trust_remote_code=trust_remote_code)
-    base = module.load_model(model, **init_kwargs)
+    family = get_model_family(model, trust_remote_code=trust_remote_code)
+    init_kwargs = family.model_init_kwargs(dtype=dtype, trust_remote_code=trust_remote_code)
+    base = family.load_model(model, **init_kwargs)
     merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     leftover = [name for name in merged.state_dict() if "lora_" in name]
     if leftover:
         raise RuntimeError(
             f"merging left adapter weights in the model (e.g. {leftover[0]}); nothing was saved."
         )
-    processor = module.load_processor(model, trust_remote_code=trust_remote_code)
+    processor = family.load_processor(model, trust_remote_code=trust_remote_code)
 
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out)

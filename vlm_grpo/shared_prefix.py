@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .models import VLMModule
+from .models import ModelFamily
 
 
 @dataclass
@@ -134,7 +134,7 @@ def checkpointed_layers_keep_cache(model: torch.nn.Module) -> Iterator[None]:
 def _prefix_cache(
     model: torch.nn.Module,
     base_model: torch.nn.Module,
-    module: VLMModule,
+    family: ModelFamily,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     image_inputs: Sequence[dict],
@@ -148,7 +148,7 @@ def _prefix_cache(
     model's own `DynamicCache` is returned.
     """
     first = groups.first.to(prompt_ids.device)
-    inputs = module.model_inputs(
+    inputs = family.model_inputs(
         base_model.config,
         prompt_ids[first, :-1],  # [U, P-1]
         prompt_mask[first, :-1],
@@ -168,7 +168,7 @@ def _prefix_cache(
 def shared_prefix_logps(
     model: torch.nn.Module,
     base_model: torch.nn.Module,
-    module: VLMModule,
+    family: ModelFamily,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     logits_to_keep: int,
@@ -181,7 +181,7 @@ def shared_prefix_logps(
         model (`torch.nn.Module`): the model to call (possibly wrapped by DDP, DeepSpeed or PEFT), patched by TRL's
             `add_fused_lm_head` so that `fused_lm_head=True` returns log-probs.
         base_model (`PreTrainedModel`): the unwrapped transformers model (config, position helpers).
-        module (`VLMModule`): the family's module.
+        family (`ModelFamily`): the family's module.
         input_ids (`torch.Tensor`): `[B, P+C]` left-padded prompts followed by right-padded completions.
         attention_mask (`torch.Tensor`): `[B, P+C]`.
         logits_to_keep (`int`): C, the completion length.
@@ -193,7 +193,7 @@ def shared_prefix_logps(
     """
     prompt_len = input_ids.size(1) - logits_to_keep  # P
     groups = find_groups(input_ids[:, :prompt_len], image_inputs)
-    positions = module.position_ids(
+    positions = family.position_ids(
         base_model, input_ids, attention_mask, image_inputs
     )  # None or [..., B, P+C]
     suffix_ids = input_ids[:, prompt_len - 1 :]  # [B, C+1]: last prompt token, then the completion
@@ -203,7 +203,7 @@ def shared_prefix_logps(
         cache = _prefix_cache(
             model,
             base_model,
-            module,
+            family,
             input_ids[:, :prompt_len],
             attention_mask[:, :prompt_len],
             image_inputs,
@@ -223,7 +223,7 @@ def shared_prefix_logps(
 def shared_prefix_generate(
     model: torch.nn.Module,
     base_model: torch.nn.Module,
-    module: VLMModule,
+    family: ModelFamily,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     image_inputs: Sequence[dict],
@@ -234,7 +234,7 @@ def shared_prefix_generate(
     Args:
         model (`PreTrainedModel`): the unwrapped model (inside `unwrap_model_for_generation`), PEFT or not.
         base_model (`PreTrainedModel`): the transformers model under PEFT (or `model` itself).
-        module (`VLMModule`): the family's module.
+        family (`ModelFamily`): the family's module.
         prompt_ids (`torch.Tensor`): `[B, P]` left-padded prompt ids, each prompt repeated for its G rows.
         prompt_mask (`torch.Tensor`): `[B, P]`.
         image_inputs (`Sequence[dict]`): the B per-sample image dicts.
@@ -244,9 +244,9 @@ def shared_prefix_generate(
         `[B, P+C]` the prompts followed by the sampled completions, as `generate` returns them.
     """
     groups = find_groups(prompt_ids, image_inputs)
-    positions = module.position_ids(base_model, prompt_ids, prompt_mask, image_inputs, generation=True)
-    cache = _prefix_cache(model, base_model, module, prompt_ids, prompt_mask, image_inputs, groups, positions)
-    module.prepare_generation_from_cache(base_model, prompt_ids, prompt_mask, image_inputs)
+    positions = family.position_ids(base_model, prompt_ids, prompt_mask, image_inputs, generation=True)
+    cache = _prefix_cache(model, base_model, family, prompt_ids, prompt_mask, image_inputs, groups, positions)
+    family.prepare_generation_from_cache(base_model, prompt_ids, prompt_mask, image_inputs)
     return model.generate(
         input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, **generate_kwargs
     )

@@ -51,9 +51,9 @@ from .advantages import group_advantages
 from .checkpoints import mark_complete
 from .config import VLMGRPOConfig
 from .errors import VLMGRPOError
-from .models import EncodedPrompt, VLMModule, get_vlm_module
+from .models import EncodedPrompt, ModelFamily, get_model_family
 from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
-from .rewards.guard import guard_reward
+from .rewards.guard import RewardError, guard_reward
 from .rollout import image_names, is_truncated, load_rows, pad_rows, row_images, same_prompt
 from .sample_log import samples_path, write_samples
 from .shared_prefix import shared_prefix_generate, shared_prefix_logps, shuffle_groups
@@ -107,7 +107,7 @@ class VLMGRPOTrainer(GRPOTrainer):
     ):
         args = args if args is not None else VLMGRPOConfig(output_dir="vlm-grpo-output")
         self._refuse_unsupported(args, model, peft_config, tools, rollout_func, environment_factory)
-        family = get_vlm_module(model, trust_remote_code=args.trust_remote_code)
+        family = get_model_family(model, trust_remote_code=args.trust_remote_code)
         model_path = model if isinstance(model, str) else None
         init_kwargs = self._model_init_kwargs(args, family, quantization_config) if model_path else {}
         if model_path is not None:
@@ -120,17 +120,16 @@ class VLMGRPOTrainer(GRPOTrainer):
             )
         builds_reference = args.beta != 0.0 and peft_config is None and not is_peft_model(model)
         reference = copy.deepcopy(model).eval() if builds_reference and model_path is None else None
-        if args.freeze_vision_modules:
-            for name, param in model.named_parameters():
-                if family.is_vision_module(name):
-                    param.requires_grad_(False)
-        if isinstance(peft_config, LoraConfig):
-            peft_config = resolve_lora_config(peft_config, model, family)
+        peft_config = self._freeze_vision_and_aim_lora(model, family, args, peft_config)
         placeholders = family.placeholder_token_ids(processing_class, model.config)
+        self._reward_failures: list[
+            RewardError
+        ] = []  # filled by the guarded rewards, see `_calculate_rewards`
+        reward_funcs = self._reward_functions(reward_funcs, args, self._reward_failures)
         with self._trl_view_of(args, builds_reference, placeholders):
             super().__init__(
                 model=model,
-                reward_funcs=self._reward_functions(reward_funcs, args),
+                reward_funcs=reward_funcs,
                 args=args,
                 train_dataset=train_dataset,
                 eval_dataset=eval_dataset,
@@ -141,16 +140,9 @@ class VLMGRPOTrainer(GRPOTrainer):
                 peft_config=peft_config,
             )
         self.beta = args.beta
-        self.vlm_module: VLMModule = family
+        self.family: ModelFamily = family
         self.placeholder_token_ids = placeholders
-        self._active_image_inputs: Sequence[dict[str, torch.Tensor]] | None = None
-        self._timer, self._step_seconds, self._step_tokens = PhaseTimer(), 0.0, 0
-        self._vision_dummy: EncodedPrompt | None = None
-        self._zero3_multi_process = (  # ZeRO-3 gathers each module's shards collectively: see `vision_dummy`
-            self.is_deepspeed_enabled
-            and self.accelerator.state.deepspeed_plugin.zero_stage == 3
-            and self.accelerator.num_processes > 1
-        )
+        self._init_rollout_state()
         self._check_dataset_size(train_dataset)
         self._configure_generation()
         if builds_reference:
@@ -161,6 +153,30 @@ class VLMGRPOTrainer(GRPOTrainer):
                 self.add_callback(
                     SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator)
                 )
+
+    @staticmethod
+    def _freeze_vision_and_aim_lora(
+        model: PreTrainedModel, family: ModelFamily, args: VLMGRPOConfig, peft_config: PeftConfig | None
+    ) -> PeftConfig | None:
+        """Freeze the vision tower on request; aim LoRA at the language model only. Returns the LoRA config."""
+        if args.freeze_vision_modules:
+            for name, param in model.named_parameters():
+                if family.is_vision_module(name):
+                    param.requires_grad_(False)
+        if isinstance(peft_config, LoraConfig):
+            return resolve_lora_config(peft_config, model, family)
+        return peft_config
+
+    def _init_rollout_state(self) -> None:
+        """State of the rollout and of the per-step metrics, set once TRL's `__init__` has run."""
+        self._active_image_inputs: Sequence[dict[str, torch.Tensor]] | None = None  # the micro-batch's images
+        self._timer, self._step_seconds, self._step_tokens = PhaseTimer(), 0.0, 0
+        self._vision_dummy: EncodedPrompt | None = None
+        self._zero3_multi_process = (  # ZeRO-3 gathers each module's shards collectively: see `vision_dummy`
+            self.is_deepspeed_enabled
+            and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+            and self.accelerator.num_processes > 1
+        )
 
     @staticmethod
     def _refuse_unsupported(args, model, peft_config, tools, rollout_func, environment_factory) -> None:
@@ -178,7 +194,9 @@ class VLMGRPOTrainer(GRPOTrainer):
                 raise VLMGRPOError(
                     f"VLMGRPOTrainer does not support {name} (multi-turn rollouts); leave it unset."
                 )
-        if args.sync_ref_model and (peft_config is not None or is_peft_model(model)):
+        if args.sync_ref_model and (
+            peft_config is not None or (not isinstance(model, str) and is_peft_model(model))
+        ):
             raise VLMGRPOError(
                 "sync_ref_model with PEFT: the reference is the policy with its adapter disabled, there is no "
                 "reference model to sync (as in TRL); set sync_ref_model: false or train without PEFT."
@@ -186,7 +204,7 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     @staticmethod
     def _model_init_kwargs(
-        args: VLMGRPOConfig, family: VLMModule, quantization_config: Any
+        args: VLMGRPOConfig, family: ModelFamily, quantization_config: Any
     ) -> dict[str, Any]:
         """`from_pretrained` keyword arguments of the policy (and reference), resolved by the family's module."""
         kwargs = dict(args.model_init_kwargs or {})
@@ -201,7 +219,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         return family.model_init_kwargs(**{**kwargs, "trust_remote_code": args.trust_remote_code})
 
     @staticmethod
-    def _reward_functions(reward_funcs: Any, args: VLMGRPOConfig) -> list:
+    def _reward_functions(reward_funcs: Any, args: VLMGRPOConfig, failures: list[RewardError]) -> list:
         """Reward models given as paths loaded as TRL loads them; plain callables wrapped to fail precisely."""
         funcs = (
             []
@@ -218,7 +236,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             if isinstance(func, str):
                 funcs[i] = AutoModelForSequenceClassification.from_pretrained(func, num_labels=1, **kwargs)
             elif callable(func) and not isinstance(func, torch.nn.Module) and not is_async_callable(func):
-                funcs[i] = guard_reward(func, get_callable_name(func))
+                funcs[i] = guard_reward(func, get_callable_name(func), failures)
         return funcs
 
     @staticmethod
@@ -325,7 +343,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             encoded = self._encode_prompts(rows)
             completion_ids_list, sampling_logps_list = self._sample(rows, encoded, mode)
         prompt_ids_list = [e.input_ids for e in encoded]
-        completions = self.vlm_module.decode_completions(
+        completions = self.family.decode_completions(
             self.processing_class, completion_ids_list, prompt_ids_list
         )
         self._log_lengths(mode, prompt_ids_list, completion_ids_list)
@@ -339,7 +357,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             )  # [N, F]
         with timer("adv"):
             num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-            advantages, rewards, is_std_zero = group_advantages(
+            advantages, _, is_std_zero = group_advantages(
                 rewards_per_func,
                 self.reward_weights,
                 num_generations,
@@ -350,7 +368,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs)
         )
         batch["advantages"] = advantages[rank_rows]  # [B]
-        self._log_rewards(mode, rewards_per_func, rewards, is_std_zero)
+        self._log_rewards(mode, rewards_per_func, is_std_zero)
         self._log_rollout(mode, inputs, prompts, completions, rewards_per_func, advantages)
         if mode == "train":
             texts = [c[0]["content"] for c in completions]
@@ -369,7 +387,7 @@ class VLMGRPOTrainer(GRPOTrainer):
                 encoded.append(encoded[-1])
                 continue
             messages = prepare_multimodal_messages(row["prompt"], images=row["images"])
-            item = self.vlm_module.encode_prompt(
+            item = self.family.encode_prompt(
                 self.processing_class, messages, row["images"], self.chat_template_kwargs
             )
             self._check_context(item, row)
@@ -379,10 +397,10 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     def _check_context(self, item: EncodedPrompt, row: dict[str, Any]) -> None:
         """A prompt plus its completion must fit the model's context; say why when images make it too long."""
-        context = self.vlm_module.context_length(self.accelerator.unwrap_model(self.model).config)
+        context = self.family.context_length(self.accelerator.unwrap_model(self.model).config)
         if context is None or len(item.input_ids) + self.max_completion_length <= context:
             return
-        image_token_id = self.vlm_module.image_token_id(self.processing_class)
+        image_token_id = self.family.image_token_id(self.processing_class)
         image_tokens = sum(t == image_token_id for t in item.input_ids)
         raise VLMGRPOError(
             f"A prompt ({row['prompt']!r:.80}) has {len(item.input_ids)} tokens, {image_tokens} of them for its "
@@ -409,7 +427,7 @@ class VLMGRPOTrainer(GRPOTrainer):
                 self.vllm_generation.sync_weights()
             self._last_loaded_step = self.state.global_step
         payload = build_vllm_payload(
-            self.processing_class, self.vlm_module, rows, encoded, self.chat_template_kwargs
+            self.processing_class, self.family, rows, encoded, self.chat_template_kwargs
         )
         kwargs = vllm_generate_kwargs(
             payload, num_generations, self.vllm_mode, expanded_prompt_ids=[e.input_ids for e in encoded]
@@ -444,12 +462,12 @@ class VLMGRPOTrainer(GRPOTrainer):
             if self._shares_prefix(generation=True):
                 base_model = self._base_model(unwrapped_model)
                 output = shared_prefix_generate(
-                    unwrapped_model, base_model, self.vlm_module, prompt_ids, prompt_mask, image_inputs,
+                    unwrapped_model, base_model, self.family, prompt_ids, prompt_mask, image_inputs,
                     generation_config=self.generation_config,
                 )  # fmt: skip
             else:
                 config = self.accelerator.unwrap_model(self.model).config
-                inputs = self.vlm_module.model_inputs(config, prompt_ids, prompt_mask, image_inputs)
+                inputs = self.family.model_inputs(config, prompt_ids, prompt_mask, image_inputs)
                 output = unwrapped_model.generate(**inputs, generation_config=self.generation_config)
         completion_ids = output[:, prompt_ids.size(1) :].cpu()  # [B, C]
         is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids))  # [B, C]
@@ -545,6 +563,21 @@ class VLMGRPOTrainer(GRPOTrainer):
             return prompts
         return [prepare_multimodal_messages(p, images=i) for p, i in zip(prompts, images, strict=True)]
 
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list) -> torch.Tensor:
+        """TRL's rewards `[N, F]`, gathered; a reward that fails on one process stops every process with its message.
+
+        A failing reward returns None for the batch (see `guard_reward`), so that every process reaches TRL's gather
+        instead of waiting in it for the one that raised; then all processes learn of the failure and raise it.
+        """
+        self._reward_failures.clear()
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        failures = [str(f) for f in gather_object([str(f) for f in self._reward_failures])]
+        if self._reward_failures:
+            raise self._reward_failures[0]
+        if failures:
+            raise RewardError(f"{failures[0]} (on another process)")
+        return rewards_per_func
+
     # ------------------------------------------------------------------------------------------ log-probs
     def _get_per_token_logps_and_entropies(
         self,
@@ -596,7 +629,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         if dummy:
             if self._vision_dummy is None:
                 self._vision_dummy = dummy_image_prompt(
-                    self.vlm_module, self.processing_class, self.accelerator.device
+                    self.family, self.processing_class, self.accelerator.device
                 )
             ids, mask, image_inputs = add_dummy_row(
                 ids, mask, logits_to_keep, image_inputs, self._vision_dummy, self._tokenizer.pad_token_id
@@ -605,12 +638,12 @@ class VLMGRPOTrainer(GRPOTrainer):
         with self.accelerator.autocast():
             if shared:
                 logps, entropies = shared_prefix_logps(
-                    model, self._base_model(model), self.vlm_module, ids, mask, logits_to_keep, image_inputs,
+                    model, self._base_model(model), self.family, ids, mask, logits_to_keep, image_inputs,
                     compute_entropy,
                 )  # fmt: skip
             else:
                 config = self.accelerator.unwrap_model(model).config
-                inputs = self.vlm_module.model_inputs(config, ids, mask, image_inputs)
+                inputs = self.family.model_inputs(config, ids, mask, image_inputs)
                 if compute_aux_loss:
                     inputs["output_router_logits"] = True
                 labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)  # [b, P+C]
@@ -666,7 +699,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         if self.is_deepspeed_enabled or self.is_fsdp_enabled or is_peft_model(model):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
         target = self.accelerator.unwrap_model(model)
-        loaded = self.vlm_module.load_model(resume_from_checkpoint, dtype=target.dtype, device_map=None)
+        loaded = self.family.load_model(resume_from_checkpoint, dtype=target.dtype, device_map=None)
         missing, unexpected = target.load_state_dict(loaded.state_dict(), strict=False)
         if missing or unexpected:
             raise VLMGRPOError(
@@ -675,11 +708,22 @@ class VLMGRPOTrainer(GRPOTrainer):
             )
 
     def _save_checkpoint(self, model, trial):
-        """Save as transformers does, then mark the checkpoint complete once every process has written it."""
-        super()._save_checkpoint(model, trial)
+        """Save as transformers does, then mark the checkpoint complete once every process has written it.
+
+        A write that fails (disk full, a read-only folder, a file-size limit) stops every process with one line
+        naming the folder; the checkpoint is never marked complete, so resuming picks the previous complete one.
+        """
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        failure = None
+        try:
+            super()._save_checkpoint(model, trial)
+        except OSError as error:
+            failure = f"Cannot write checkpoint {folder}: {error}; free space or fix the folder, then resume."
+        failures = [f for f in gather_object([failure]) if f]
+        if failures:
+            raise VLMGRPOError(failures[0])
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
             mark_complete(folder)
 
     # ------------------------------------------------------------------------------------------ metrics
@@ -714,8 +758,12 @@ class VLMGRPOTrainer(GRPOTrainer):
             metrics[f"completions/max{name}_length"].append(values.max().item())
         metrics["completions/clipped_ratio"].append(truncated.float().mean().item())
 
-    def _log_rewards(self, mode: str, rewards_per_func, rewards, is_std_zero) -> None:
+    def _log_rewards(self, mode: str, rewards_per_func: torch.Tensor, is_std_zero: torch.Tensor) -> None:
+        """Each function's mean and std, and the weighted sum of raw rewards (NaN where none applies), as TRL logs."""
         metrics = self._metrics[mode]
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)  # [1, F]
+        rewards = (rewards_per_func * weights).nansum(dim=1)  # [N]
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         for i, name in enumerate(self.reward_func_names):
             metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
             metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[:, i]).item())

@@ -36,17 +36,23 @@ def _parity(case: str) -> Honoured:
     return Honoured(f"{PARITY}[{case}]")
 
 
+# Several micro-batches per rollout: shuffled by whole groups (not rows, as TRL), the same training otherwise.
+_MICRO_BATCHES = Honoured("tests/test_shared_prefix.py::test_two_training_steps_match_unshared")
+_CONTINUOUS_BATCHING = (
+    "use_transformers_continuous_batching does not support images (TRL refuses it for VLMs too); leave it off, or "
+    "use use_vllm for fast generation."
+)
 _VLLM = Honoured("tests/test_vllm_payload.py::test_trainer_trains_through_vllm_colocate")
-_VLLM_IS = Honoured("tests/test_vllm_payload.py::test_trainer_refuses_vllm_with_importance_sampling_correction")
+_VLLM_IS = Honoured(
+    "tests/test_vllm_payload.py::test_trainer_refuses_vllm_with_importance_sampling_correction"
+)
 
 GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
     # model loading
     "model_init_kwargs": Honoured(
         "tests/test_trl_parity.py::test_reward_model_path_loads_with_model_init_kwargs"
     ),
-    "trust_remote_code": Honoured(
-        "tests/test_trainer.py::test_remote_code_checkpoint_needs_trust_remote_code"
-    ),
+    "trust_remote_code": Honoured("tests/test_bad_input.py::test_remote_code_model_needs_explicit_opt_in"),
     "router_aux_loss_coef": Honoured("tests/test_trl_parity.py::test_aux_loss_pass_runs_full_rows"),
     "disable_dropout": _parity("disable_dropout"),
     "cast_lm_head_to_fp32": _parity("cast_lm_head_to_fp32"),
@@ -57,10 +63,8 @@ GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
     "ds3_gather_for_generation": Honoured("tests/test_distributed.py::test_torchrun"),
     "shuffle_dataset": _parity("no_shuffle"),
     "pad_to_multiple_of": _parity("pad_to_multiple_of"),
-    "generation_batch_size": _parity("generation_batch_size"),
-    "steps_per_generation": Honoured(
-        "tests/test_shared_prefix.py::test_two_training_steps_equal_with_and_without_sharing"
-    ),
+    "generation_batch_size": _MICRO_BATCHES,
+    "steps_per_generation": _MICRO_BATCHES,
     "temperature": _parity("sampling"),
     "top_p": _parity("sampling"),
     "top_k": _parity("sampling"),
@@ -143,19 +147,14 @@ GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
         "max_tool_calling_iterations applies to tool calling, which VLMGRPOTrainer does not support; remove it.",
     ),
     "use_transformers_continuous_batching": Rejected(
-        lambda c: c.use_transformers_continuous_batching,
-        "use_transformers_continuous_batching does not support images (TRL refuses it for VLMs too); leave it "
-        "off, or use use_vllm for fast generation.",
+        lambda c: c.use_transformers_continuous_batching, _CONTINUOUS_BATCHING
     ),
     "transformers_continuous_batching_config": Rejected(
         lambda c: c.transformers_continuous_batching_config is not None,
         "transformers_continuous_batching_config applies to continuous batching, which does not support images; "
         "remove it.",
     ),
-    "use_transformers_paged": Rejected(
-        lambda c: bool(c.use_transformers_paged),
-        "use_transformers_paged (continuous batching) does not support images; remove it, or use use_vllm.",
-    ),
+    "use_transformers_paged": Rejected(lambda c: bool(c.use_transformers_paged), _CONTINUOUS_BATCHING),
 }
 
 TRAINING_ARGUMENTS: dict[str, Honoured | Rejected] = {

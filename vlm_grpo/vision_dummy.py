@@ -16,13 +16,13 @@ import torch
 from PIL import Image
 from transformers import ProcessorMixin
 
-from .models import EncodedPrompt, VLMModule
+from .models import EncodedPrompt, ModelFamily
 
 
-def dummy_image_prompt(module: VLMModule, processor: ProcessorMixin, device: torch.device) -> EncodedPrompt:
+def dummy_image_prompt(family: ModelFamily, processor: ProcessorMixin, device: torch.device) -> EncodedPrompt:
     """A one-image prompt (a 56x56 black image, no text) encoded by the family's module, tensors on `device`."""
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": ""}]}]
-    item = module.encode_prompt(processor, messages, [Image.new("RGB", (56, 56))])
+    item = family.encode_prompt(processor, messages, [Image.new("RGB", (56, 56))])
     item.image_inputs = {k: v.to(device) for k, v in item.image_inputs.items()}
     return item
 

@@ -11,7 +11,7 @@ template writes it (Qwen `<|image_pad|>`, InternVL `<IMG_CONTEXT>`, Gemma 3 `<st
 ids get expanded twice (TRL issue #6294). Server mode places server-computed image features on the runs of image
 tokens instead, so it needs the processor-expanded ids. Wiring in `VLMGRPOTrainer._sample_with_vllm`::
 
-    payload = build_vllm_payload(self.processing_class, self.vlm_module, rows, encoded, chat_template_kwargs)
+    payload = build_vllm_payload(self.processing_class, self.family, rows, encoded, chat_template_kwargs)
     kwargs = vllm_generate_kwargs(payload, num_generations, self.vllm_mode, expanded_prompt_ids=prompt_ids)
     _, completion_ids, logprobs, _ = self.vllm_generation.generate(
         **kwargs, profiler=profiling_context(self, "vLLM.generate"))
@@ -29,7 +29,7 @@ from typing import Any
 from trl.data_utils import prepare_multimodal_messages
 
 from .errors import VLMGRPOError
-from .models import VLMModule
+from .models import ModelFamily
 
 
 @dataclass
@@ -61,7 +61,7 @@ def _image_parts(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def build_vllm_payload(
     processor: Any,
-    family: VLMModule,
+    family: ModelFamily,
     rows: Sequence[dict[str, Any]],
     encoded: Sequence[Any] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
@@ -70,7 +70,7 @@ def build_vllm_payload(
 
     Args:
         processor (`ProcessorMixin`): the model's processor; only its chat template and tokenizer run.
-        family (`VLMModule`): the family's module; it names the token written once per image.
+        family (`ModelFamily`): the family's module; it names the token written once per image.
         rows (`Sequence[dict]`): `{"prompt", "images"}` per row, images loaded (see `vlm_grpo.rollout.load_rows`);
             `prompt` is a list of messages whose content may hold `{"type": "image"}` entries.
         encoded (`Sequence[EncodedPrompt] | None`, defaults to None): the trainer's encodings of the same rows;

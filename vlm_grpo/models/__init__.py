@@ -1,6 +1,6 @@
 """Per-model modules: one file per vision-language model family, chosen by `config.model_type`."""
 
-from .base import EncodedPrompt, VLMModule
-from .registry import MODULES, SUPPORTED_MODEL_TYPES, get_vlm_module
+from .base import EncodedPrompt, ModelFamily
+from .registry import FAMILY_CLASSES, SUPPORTED_MODEL_TYPES, get_model_family
 
-__all__ = ["MODULES", "SUPPORTED_MODEL_TYPES", "EncodedPrompt", "VLMModule", "get_vlm_module"]
+__all__ = ["FAMILY_CLASSES", "SUPPORTED_MODEL_TYPES", "EncodedPrompt", "ModelFamily", "get_model_family"]

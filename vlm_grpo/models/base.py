@@ -1,7 +1,7 @@
 """The per-model module interface: everything that differs between vision-language model families.
 
 The trainer never asks which model it runs. It asks the module chosen by `config.model_type`
-(see `vlm_grpo.models.get_vlm_module`) to load the model and processor, to encode a prompt with its images,
+(see `vlm_grpo.models.get_model_family`) to load the model and processor, to encode a prompt with its images,
 to assemble generate/forward inputs for a batch, which parameters belong to the vision tower, which tokens must
 never be sampled, and which tokens end a completion. A module never owns a prompt or a reward.
 
@@ -40,7 +40,7 @@ class EncodedPrompt:
     num_images: int = 0
 
 
-class VLMModule:
+class ModelFamily:
     """Base class of a model family module. Subclass it in one file per family and register it in `registry.py`.
 
     Class attributes a subclass sets:

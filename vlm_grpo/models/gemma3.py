@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 import torch
 from transformers import Gemma3ForConditionalGeneration, ProcessorMixin
 
-from .base import VLMModule
+from .base import ModelFamily
 
 
-class Gemma3Module(VLMModule):
+class Gemma3Family(ModelFamily):
     """Module for `gemma3` checkpoints."""
 
     model_types: ClassVar[tuple[str, ...]] = ("gemma3",)

@@ -12,10 +12,10 @@ from typing import ClassVar
 from transformers import InternVLForConditionalGeneration, ProcessorMixin
 
 from ..errors import VLMGRPOError
-from .base import VLMModule
+from .base import ModelFamily
 
 
-class InternVLModule(VLMModule):
+class InternVLFamily(ModelFamily):
     """Module for `internvl` checkpoints."""
 
     model_types: ClassVar[tuple[str, ...]] = ("internvl",)

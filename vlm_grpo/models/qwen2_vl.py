@@ -19,10 +19,10 @@ from transformers import (
 )
 
 from ..errors import VLMGRPOError
-from .base import VLMModule
+from .base import ModelFamily
 
 
-class Qwen2VLModule(VLMModule):
+class Qwen2VLFamily(ModelFamily):
     """Module for `qwen2_vl`, `qwen2_5_vl` and `qwen3_vl` checkpoints."""
 
     model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -91,7 +91,7 @@ class Qwen2VLModule(VLMModule):
         image_inputs: Sequence[dict],
         generation: bool = False,
     ) -> torch.Tensor | None:
-        """M-RoPE positions `[3, B, L]` of full rows, as the model computes them (see `VLMModule.position_ids`).
+        """M-RoPE positions `[3, B, L]` of full rows, as the model computes them (see `ModelFamily.position_ids`).
 
         Always explicit: with a KV cache and no positions, the model would reuse `rope_deltas` left over from an
         earlier `generate`. Text-only batches count tokens (`generate`: unpadded tokens), as the model does.

@@ -10,13 +10,13 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 from ..errors import VLMGRPOError
-from .base import VLMModule
-from .gemma3 import Gemma3Module
-from .internvl import InternVLModule
-from .qwen2_vl import Qwen2VLModule
+from .base import ModelFamily
+from .gemma3 import Gemma3Family
+from .internvl import InternVLFamily
+from .qwen2_vl import Qwen2VLFamily
 
-MODULES: tuple[type[VLMModule], ...] = (Qwen2VLModule, InternVLModule, Gemma3Module)
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for cls in MODULES for t in cls.model_types)
+FAMILY_CLASSES: tuple[type[ModelFamily], ...] = (Qwen2VLFamily, InternVLFamily, Gemma3Family)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for cls in FAMILY_CLASSES for t in cls.model_types)
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
@@ -54,12 +54,12 @@ def _model_type(model_or_config_or_path: Any, trust_remote_code: bool) -> str:
     config = obj if isinstance(obj, PretrainedConfig) else getattr(obj, "config", None)
     if not isinstance(config, PretrainedConfig):
         raise TypeError(
-            f"get_vlm_module expects a model, a PretrainedConfig or a path, got {type(model_or_config_or_path)}."
+            f"get_model_family expects a model, a PretrainedConfig or a path, got {type(model_or_config_or_path)}."
         )
     return config.model_type
 
 
-def get_vlm_module(model_or_config_or_path: Any, trust_remote_code: bool = False) -> VLMModule:
+def get_model_family(model_or_config_or_path: Any, trust_remote_code: bool = False) -> ModelFamily:
     """Return the module serving this model's `config.model_type`.
 
     Args:
@@ -71,10 +71,10 @@ def get_vlm_module(model_or_config_or_path: Any, trust_remote_code: bool = False
         ValueError: the model type is not supported; the message lists the supported ones.
     """
     model_type = _model_type(model_or_config_or_path, trust_remote_code)
-    for cls in MODULES:
+    for cls in FAMILY_CLASSES:
         if model_type in cls.model_types:
             return cls(model_type)
     raise VLMGRPOError(
         f"Unsupported model_type {model_type!r}. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}. "
-        "To add a family, write a VLMModule subclass in vlm_grpo/models/ and add it to MODULES in registry.py."
+        "To add a family, write a ModelFamily subclass in vlm_grpo/models/ and add it to FAMILY_CLASSES in registry.py."
     )

@@ -38,20 +38,34 @@ def _single(kwargs: dict[str, Any], index: int, size: int) -> dict[str, Any]:
     return {k: [v[index]] if isinstance(v, list) and len(v) == size else v for k, v in kwargs.items()}
 
 
-def guard_reward(func: Callable[..., list], name: str) -> Callable[..., list]:
+def guard_reward(
+    func: Callable[..., list], name: str, failures: list[RewardError] | None = None
+) -> Callable[..., list]:
     """Wrap `func` so that failures and invalid outputs raise `RewardError` naming `name` and the record.
 
     Args:
         func (`Callable`): a reward `fn(prompts=..., completions=..., **columns) -> list[float | None]`.
         name (`str`): the name used in messages and metrics (`__name__` of the wrapper).
+        failures (`list[RewardError] | None`, defaults to None): when given, a failure is appended here and the
+            call returns None for every completion instead of raising, so that a distributed caller can first
+            finish its collectives and then stop every process together (see `VLMGRPOTrainer._calculate_rewards`).
 
     Returns:
-        `Callable`: same signature; returns the same values when they are valid (floats or None, one per
-        completion, no NaN).
+        `Callable`: same signature; returns the same values when they are valid (one number, bool or None per
+        completion).
     """
 
     @functools.wraps(func)
     def guarded(*args: Any, **kwargs: Any) -> list:
+        if failures is None:
+            return checked(*args, **kwargs)
+        try:
+            return checked(*args, **kwargs)
+        except RewardError as error:
+            failures.append(error)
+            return [None] * len(kwargs.get("completions", args[1] if len(args) > 1 else []))
+
+    def checked(*args: Any, **kwargs: Any) -> list:
         completions = kwargs.get("completions", args[1] if len(args) > 1 else [])
         size = len(completions)
         try:
