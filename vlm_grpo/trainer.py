@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence, Sized
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -51,6 +51,7 @@ from .advantages import group_advantages
 from .checkpoints import mark_complete
 from .config import VLMGRPOConfig
 from .errors import VLMGRPOError
+from .image_features import ImageFeatureCache
 from .models import EncodedPrompt, ModelFamily, get_model_family
 from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
 from .rewards.guard import RewardError, guard_reward
@@ -177,6 +178,19 @@ class VLMGRPOTrainer(GRPOTrainer):
             and self.accelerator.state.deepspeed_plugin.zero_stage == 3
             and self.accelerator.num_processes > 1
         )
+        vision_trains = any(
+            p.requires_grad for n, p in self.model.named_parameters() if self.family.is_vision_module(n)
+        )
+        # Frozen vision: each image is encoded once per generation batch (see `image_features`)
+        self._image_features = None if vision_trains else ImageFeatureCache(self.family)
+
+    def _reusing_image_features(
+        self, model: torch.nn.Module, image_inputs: Sequence[dict]
+    ) -> AbstractContextManager:
+        """While vision is frozen, `model` takes this generation batch's stored image features (else: nothing)."""
+        if self._image_features is None:
+            return nullcontext()
+        return self._image_features.reuse(self._base_model(model), image_inputs)
 
     @staticmethod
     def _refuse_unsupported(args, model, peft_config, tools, rollout_func, environment_factory) -> None:
@@ -339,6 +353,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         timer = self._timer if mode == "train" else PhaseTimer()
         rows = load_rows(inputs)
+        if self._image_features is not None:
+            self._image_features.clear()  # features of the previous generation batch are not needed any more
         with timer("gen"):
             encoded = self._encode_prompts(rows)
             completion_ids_list, sampling_logps_list = self._sample(rows, encoded, mode)
@@ -458,6 +474,7 @@ class VLMGRPOTrainer(GRPOTrainer):
                 gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
             ) as unwrapped_model,
             torch.no_grad(),
+            self._reusing_image_features(unwrapped_model, image_inputs),
         ):
             if self._shares_prefix(generation=True):
                 base_model = self._base_model(unwrapped_model)
@@ -623,9 +640,10 @@ class VLMGRPOTrainer(GRPOTrainer):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Log-probs `[b, C]` (entropies, aux loss) of one chunk: shared prefix, or full rows scored by TRL's head.
 
-        Under multi-process ZeRO-3 a chunk without images gets a dummy image row (see `vision_dummy`).
+        Under multi-process ZeRO-3 a chunk without images gets a dummy image row (see `vision_dummy`), unless
+        vision is frozen: then no log-prob pass runs the vision tower on any process.
         """
-        dummy = self._zero3_multi_process and not any(image_inputs)
+        dummy = self._zero3_multi_process and self._image_features is None and not any(image_inputs)
         if dummy:
             if self._vision_dummy is None:
                 self._vision_dummy = dummy_image_prompt(
@@ -635,7 +653,7 @@ class VLMGRPOTrainer(GRPOTrainer):
                 ids, mask, logits_to_keep, image_inputs, self._vision_dummy, self._tokenizer.pad_token_id
             )
         aux = None
-        with self.accelerator.autocast():
+        with self.accelerator.autocast(), self._reusing_image_features(model, image_inputs):
             if shared:
                 logps, entropies = shared_prefix_logps(
                     model, self._base_model(model), self.family, ids, mask, logits_to_keep, image_inputs,

@@ -278,6 +278,25 @@ class ModelFamily:
             inputs.update(self.token_type_inputs(input_ids, model_config))
         return inputs
 
+    # ----------------------------------------------------------------------------------------- image encoder
+    def image_encoder_owner(self, model: PreTrainedModel) -> torch.nn.Module:
+        """The submodule whose `get_image_features(pixel_values, ...)` the forward calls (the inner model)."""
+        return model.model
+
+    def join_image_features(self, outputs: Sequence[Any]) -> Any:
+        """One `get_image_features` output from the outputs of several rows, as one batched call returns it.
+
+        Tensors are concatenated along dim 0 and sequences (per-image tuples) chained; fields that are None stay None.
+        """
+        joined = {}
+        for key, first in outputs[0].items():
+            values = [o[key] for o in outputs]
+            if isinstance(first, torch.Tensor):
+                joined[key] = torch.cat(values, dim=0)
+            elif isinstance(first, (tuple, list)):
+                joined[key] = type(first)(item for value in values for item in value)
+        return type(outputs[0])(**joined)
+
     # -------------------------------------------------------------------------------------------- positions
     def position_ids(
         self,

@@ -62,6 +62,21 @@ class Qwen2VLFamily(ModelFamily):
         if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
             raise VLMGRPOError(f"min_pixels ({min_pixels}) must not exceed max_pixels ({max_pixels}).")
 
+    def join_image_features(self, outputs: Sequence[Any]) -> Any:
+        """Per-image `pooler_output` tuples chained; Qwen3-VL's `deepstack_features` joined layer by layer."""
+        joined = super().join_image_features(outputs)
+        if outputs[0].get("deepstack_features") is not None:
+            layers = zip(
+                *(o["deepstack_features"] for o in outputs), strict=True
+            )  # per layer: one entry per output
+            joined["deepstack_features"] = [
+                torch.cat(per_layer, dim=0)  # a [tokens, D] tensor per output
+                if isinstance(per_layer[0], torch.Tensor)
+                else tuple(t for entry in per_layer for t in entry)  # per-image tuples, as they come split
+                for per_layer in layers
+            ]
+        return joined
+
     def token_type_inputs(self, input_ids: torch.Tensor, model_config: Any) -> dict[str, torch.Tensor]:
         """`mm_token_type_ids` `[B, L]`: 1 on image tokens, 2 on video tokens, 0 elsewhere (M-RoPE needs it)."""
         types = (input_ids == model_config.image_token_id).long()
