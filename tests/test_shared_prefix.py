@@ -17,7 +17,7 @@ from trl.trainer.utils import pad
 
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.rollout import load_rows
-from vlm_grpo.shared_prefix import find_groups, shared_prefix_generate, shuffle_groups
+from vlm_grpo.shared_prefix import find_groups, shared_prefix_generate, sharing_pays, shuffle_groups
 
 G = 3  # completions per prompt in the hand-built batches
 
@@ -239,3 +239,35 @@ def test_gradient_checkpointing_keeps_the_shared_path_exact(family, tiny_model, 
     for name, full in full_grads.items():
         err = (shared_grads[name] - full).abs().max().item()
         assert err <= 1e-4 * full.abs().max().item() + 1e-6 * scale, (name, err)
+
+
+def test_sharing_pays_on_long_prompts_not_short_ones():
+    assert sharing_pays(prompt_len=294, completion_len=32, group_sizes=[8])  # the benchmark's long prompt
+    assert not sharing_pays(prompt_len=17, completion_len=64, group_sizes=[4])  # and its short prompt
+    assert not sharing_pays(
+        prompt_len=300, completion_len=8, group_sizes=[1, 1]
+    )  # groups of one share nothing
+
+
+@pytest.mark.parametrize(("mode", "max_completion_length", "shares"), [
+    ("auto", 2, True), ("auto", 64, False), ("true", 64, True), ("false", 2, False), (True, 64, True),
+])  # fmt: skip
+def test_share_prompt_prefix_auto_decides_per_batch(
+    mode, max_completion_length, shares, tiny_model, tmp_path
+):
+    trainer = make_trainer(
+        tiny_model("qwen2_vl"), tmp_path, share_prompt_prefix=mode, max_completion_length=max_completion_length,
+        generation_kwargs={"min_new_tokens": max_completion_length},
+    )  # fmt: skip
+    trainer._generate_and_score_completions(
+        [r for r in color_rows(2) for _ in range(2)]
+    )  # prompts of 17 tokens
+    assert trainer._shares_prefix() is shares
+
+
+def test_share_prompt_prefix_values(tmp_path):
+    from vlm_grpo.errors import VLMGRPOError
+
+    assert grpo_args(tmp_path, share_prompt_prefix=False).share_prompt_prefix == "false"
+    with pytest.raises(VLMGRPOError, match="share_prompt_prefix must be true, false or auto, got 'maybe'"):
+        grpo_args(tmp_path, share_prompt_prefix="maybe")

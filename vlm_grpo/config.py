@@ -33,10 +33,12 @@ class VLMGRPOConfig(GRPOConfig):
         max_pixels (`int | None`, defaults to None): upper bound on pixels per image; larger images are resized
             down, keeping their aspect ratio (Qwen-VL).
         max_tiles (`int | None`, defaults to None): most tiles per image (InternVL).
-        share_prompt_prefix (`bool`, defaults to True): run each group's prompt (image included) once and share its
-            KV cache across the G completions, in generation and in every log-prob pass (old, reference, policy).
-            Exact: log-probs match full forwards within float rounding. Works with (non-reentrant) gradient
-            checkpointing; with `use_reentrant: true` the policy's training forward runs full rows.
+        share_prompt_prefix (`str`, defaults to `"auto"`): run each group's prompt (image included) once and share
+            its KV cache across the G completions, in generation and in every log-prob pass (old, reference,
+            policy). Exact: log-probs match full forwards within float rounding. `"true"` always, `"false"` never,
+            `"auto"` per generation batch when the prompt tokens it saves are a large enough share of the pass to
+            pay for its second forward call (see `vlm_grpo.shared_prefix.sharing_pays`). Works with (non-reentrant)
+            gradient checkpointing; with `use_reentrant: true` the policy's training forward runs full rows.
         log_samples_steps (`int`, defaults to 50): every this many steps, write the step's prompts, image paths,
             completions, rewards and advantages to `output_dir/samples/step_NNNNNN.jsonl`; 0 turns it off.
     """
@@ -53,10 +55,11 @@ class VLMGRPOConfig(GRPOConfig):
         metadata={"help": "Maximum pixels per image; larger images are resized down (Qwen-VL family)."},
     )
     max_tiles: int | None = field(default=None, metadata={"help": "Maximum tiles per image (InternVL)."})
-    share_prompt_prefix: bool = field(
-        default=True,
+    share_prompt_prefix: str = field(
+        default="auto",
         metadata={
-            "help": "Compute each group's prompt once and share its KV cache across the G completions."
+            "help": "Compute each group's prompt once and share its KV cache across the G completions: true, "
+            "false, or auto (per batch, when it saves enough).",
         },
     )
     log_samples_steps: int = field(
@@ -79,6 +82,7 @@ class VLMGRPOConfig(GRPOConfig):
             ValueError
         ) as error:  # TRL's and transformers' own checks of these options: bad input, one line
             raise VLMGRPOError(" ".join(str(error).split())) from error
+        self.share_prompt_prefix = sharing_mode(self.share_prompt_prefix)
         refused = refused_options(self)
         if refused:
             raise VLMGRPOError(refused[0])
@@ -124,6 +128,14 @@ class VLMGRPOConfig(GRPOConfig):
     def image_size_kwargs(self) -> dict[str, Any]:
         """The image-size knobs as keyword arguments for `ModelFamily.load_processor`."""
         return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "max_tiles": self.max_tiles}
+
+
+def sharing_mode(value: str | bool) -> str:
+    """`share_prompt_prefix` as one of "true", "false", "auto" (YAML and Python may give booleans)."""
+    mode = str(value).lower()
+    if mode not in ("true", "false", "auto"):
+        raise VLMGRPOError(f"share_prompt_prefix must be true, false or auto, got {value!r}.")
+    return mode
 
 
 @dataclass

@@ -62,6 +62,28 @@ def find_groups(prompt_ids: torch.Tensor, image_inputs: Sequence[dict]) -> Promp
     return PromptGroups(first=torch.tensor(starts, dtype=torch.long), index=index)
 
 
+SHARING_MIN_SAVED = 0.3
+"""`share_prompt_prefix: auto` shares when the prompt tokens it saves are at least this share of a pass's tokens."""
+
+
+def sharing_pays(prompt_len: int, completion_len: int, group_sizes: Sequence[int]) -> bool:
+    """Whether running each group's prompt once saves enough of a pass to pay for the second forward call.
+
+    The shared path computes `P-1` prompt tokens once per group instead of once per row, but makes two model calls
+    (prompt, then completions) where full rows make one. With G rows per group, it saves `(G-1)(P-1)` of the
+    `G(P+C)` tokens of a group; `auto` shares when that is at least `SHARING_MIN_SAVED` of the pass, which
+    separates the shapes measured by `benchmarks/bench_grpo.py` (long prompts gain, short prompts lose).
+
+    Args:
+        prompt_len (`int`): P, prompt tokens (padded width).
+        completion_len (`int`): C, completion tokens (padded width, or the most that will be sampled).
+        group_sizes (`Sequence[int]`): rows per group.
+    """
+    rows = sum(group_sizes)
+    saved = (rows - len(group_sizes)) * max(prompt_len - 1, 0)
+    return rows > 0 and saved >= SHARING_MIN_SAVED * rows * (prompt_len + completion_len)
+
+
 def shuffle_groups(batch: dict[str, Any], key: str = "image_inputs") -> dict[str, Any]:
     """Shuffle a generation batch by whole groups (rows of a group stay together and in order).
 

@@ -49,7 +49,7 @@ from trl.trainer.utils import (
 from .adapters import resolve_lora_config
 from .advantages import group_advantages
 from .checkpoints import mark_complete
-from .config import VLMGRPOConfig
+from .config import VLMGRPOConfig, sharing_mode
 from .errors import VLMGRPOError
 from .image_features import ImageFeatureCache
 from .models import EncodedPrompt, ModelFamily, get_model_family
@@ -57,7 +57,7 @@ from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
 from .rewards.guard import RewardError, guard_reward
 from .rollout import image_names, is_truncated, load_rows, pad_rows, row_images, same_prompt
 from .sample_log import samples_path, write_samples
-from .shared_prefix import shared_prefix_generate, shared_prefix_logps, shuffle_groups
+from .shared_prefix import shared_prefix_generate, shared_prefix_logps, sharing_pays, shuffle_groups
 from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
 from .vllm_payload import build_vllm_payload, vllm_generate_kwargs
 
@@ -173,6 +173,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._active_image_inputs: Sequence[dict[str, torch.Tensor]] | None = None  # the micro-batch's images
         self._timer, self._step_seconds, self._step_tokens = PhaseTimer(), 0.0, 0
         self._vision_dummy: EncodedPrompt | None = None
+        self._sharing_pays = True  # `share_prompt_prefix: auto`, decided per generation batch
         self._zero3_multi_process = (  # ZeRO-3 gathers each module's shards collectively: see `vision_dummy`
             self.is_deepspeed_enabled
             and self.accelerator.state.deepspeed_plugin.zero_stage == 3
@@ -357,6 +358,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             self._image_features.clear()  # features of the previous generation batch are not needed any more
         with timer("gen"):
             encoded = self._encode_prompts(rows)
+            self._decide_sharing(encoded, self.max_completion_length)
             completion_ids_list, sampling_logps_list = self._sample(rows, encoded, mode)
         prompt_ids_list = [e.input_ids for e in encoded]
         completions = self.family.decode_completions(
@@ -364,6 +366,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         )
         self._log_lengths(mode, prompt_ids_list, completion_ids_list)
         batch = self._pad_batch(encoded, completion_ids_list, sampling_logps_list)
+        self._decide_sharing(encoded, batch["completion_ids"].size(1))
         self._old_and_reference_logps(batch, mode, timer)
 
         prompts = self._reward_prompts(inputs)
@@ -675,15 +678,27 @@ class VLMGRPOTrainer(GRPOTrainer):
             entropies = drop_dummy_row(entropies) if compute_entropy else None
         return logps, entropies, aux
 
+    def _decide_sharing(self, encoded: list[EncodedPrompt], completion_len: int) -> None:
+        """For `share_prompt_prefix: auto`: whether sharing pays for this generation batch's shapes."""
+        sizes = [1]
+        for previous, item in zip(encoded, encoded[1:], strict=False):
+            if item is previous:
+                sizes[-1] += 1
+            else:
+                sizes.append(1)
+        prompt_len = max(len(e.input_ids) for e in encoded)
+        self._sharing_pays = sharing_pays(prompt_len, completion_len, sizes)
+
     def _shares_prefix(self, compute_aux_loss: bool = False, generation: bool = False) -> bool:
         """Whether this pass runs each group's prompt once (see `shared_prefix`).
 
-        Full rows instead: when sharing is off; for the MoE aux loss; for generation with a `cache_implementation`
+        Full rows instead: when sharing is off, or `auto` and it does not pay for this batch; for the MoE aux loss; for generation with a `cache_implementation`
         (generate then builds its own cache); and for a forward that builds a graph under reentrant gradient
         checkpointing, which detaches what a layer writes to the KV cache (the transformers default is
         non-reentrant).
         """
-        if not self.args.share_prompt_prefix or compute_aux_loss:
+        mode = sharing_mode(self.args.share_prompt_prefix)
+        if mode == "false" or (mode == "auto" and not self._sharing_pays) or compute_aux_loss:
             return False
         if generation:
             return self.args.cache_implementation is None
