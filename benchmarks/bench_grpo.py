@@ -1,26 +1,31 @@
 """Step time, throughput and peak memory of stock `trl.GRPOTrainer` vs `vlm_grpo.VLMGRPOTrainer`.
 
-    .venv/bin/python benchmarks/bench_grpo.py --steps 5 --warmup 1 --shape both
+    .venv/bin/python benchmarks/bench_grpo.py --steps 5 --warmup 1 --shape all
 
-(`--smoke --steps 1` checks the script in under a minute; `--scale large --device cuda` for a GPU run;
-`--no-share` turns `share_prompt_prefix` off in VLMGRPOConfig, when that field exists.)
+(`--smoke --steps 1` checks the script in under a minute; `--scale large --device cuda` for a GPU run; `--bf16`
+trains both in bf16; `--share auto|true|false` sets `share_prompt_prefix` of VLMGRPOConfig.)
 
 One randomly initialised Qwen2-VL (built offline, saved once with its processor) is trained by both trainers with
-the same data, seed and config (fp32, beta 0, one group of G completions per optimizer step, completion lengths
-forced with `min_new_tokens`). Both `train()` calls run in their own thread but strictly take turns: stock step,
-ours step, stock step, ... so machine noise hits both alike. A step is timed from `on_step_begin` to `on_step_end`
+the same data, seed and config (one group of G completions per optimizer step, completion lengths forced with
+`min_new_tokens`). Both `train()` calls run in their own thread but strictly take turns: stock step, ours step,
+stock step, ... so machine noise hits both alike. A step is timed from `on_step_begin` to `on_step_end`
 (generation, forward, backward and optimizer step). Shapes:
-  long_prompt:  one 448x448 image (256 visual tokens) + a question, G=8, 32 completion tokens;
-  short_prompt: one 56x56 image (4 visual tokens) + a question, G=4, 64 completion tokens.
+  long_prompt:  one 448x448 image (256 visual tokens) + a question, G=8, 32 completion tokens, full fine-tuning,
+                beta 0, no gradient checkpointing;
+  short_prompt: one 56x56 image (4 visual tokens) + a question, G=4, 64 completion tokens, likewise;
+  recipe:       what users run: LoRA on the language model (the same adapter for both trainers; vision frozen),
+                gradient checkpointing, beta 0.04 (a reference pass), one 448x448 image, G=8, 128 tokens;
+  recipe_two_images: the same with two 448x448 images per prompt.
 Columns: tok/step and prompt/sample come from each trainer's logged `num_tokens`, completion lengths from its
 `completions/*_length` (a WARNING is printed unless all equal the target), and "ViT patches/step" counts rows
 entering the vision tower (a forward hook), which shows how often each trainer encodes the images.
-The last two lines are `ratio long_prompt: X` and `ratio short_prompt: Y` (ours / stock median step time).
+The last lines are `ratio SHAPE: X` (ours / stock median step time), one per shape.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import ctypes
 import dataclasses
 import gc
@@ -34,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from datasets import Dataset
+from peft import LoraConfig
 from PIL import Image
 from transformers import (
     PrinterCallback,
@@ -48,7 +54,9 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 from trl import GRPOConfig, GRPOTrainer
 
+from vlm_grpo.adapters import language_linear_names
 from vlm_grpo.config import VLMGRPOConfig
+from vlm_grpo.models import get_model_family
 from vlm_grpo.testing._common import TokenizerSpec, build_word_tokenizer, save_all, seeded, token_id
 from vlm_grpo.testing.qwen import QWEN_CHAT_TEMPLATE, QWEN_NAMED_TOKENS, QWEN_SPECIAL_TOKENS
 from vlm_grpo.trainer import VLMGRPOTrainer
@@ -64,13 +72,21 @@ SCALES = {
     "large": dict(hidden=1536, layers=8, heads=12, kv_heads=2, inter=6144, vis_dim=1024, vis_depth=8,
                   vis_heads=16, extra_vocab=32768, long_side=896),
 }  # fmt: skip
-SHAPES = {"long": ("long_prompt", 8, 32), "short": ("short_prompt", 4, 64)}  # name, G, completion tokens
-SHORT_SIDE = 56
-QUESTION = {
-    "long_prompt": "Describe the image . What color is the square and where is it : top left , top right , "
-    "bottom left or bottom right ? Give one short answer .",
-    "short_prompt": "What color is the square ?",
-}
+LONG_QUESTION = (
+    "Describe the image . What color is the square and where is it : top left , top right , bottom left or bottom "
+    "right ? Give one short answer ."
+)
+SHAPES = {  # G, completion tokens, image side (None: the scale's long side), images per prompt, question, recipe
+    "long": dict(name="long_prompt", G=8, length=32, side=None, images=1, question=LONG_QUESTION, recipe=False),
+    "short": dict(name="short_prompt", G=4, length=64, side=56, images=1, question="What color is the square ?",
+                  recipe=False),
+    "recipe": dict(name="recipe", G=8, length=128, side=None, images=1, question=LONG_QUESTION, recipe=True),
+    "two_images": dict(name="recipe_two_images", G=8, length=128, side=None, images=2, question=LONG_QUESTION,
+                       recipe=True),
+}  # fmt: skip
+# The recipe shapes run what users run: LoRA on the language model (vision frozen), gradient checkpointing, a
+# reference model (beta 0.04), G=8 and 128-token completions.
+RECIPE = dict(beta=0.04, gradient_checkpointing=True)
 
 
 def build_model(out_dir: Path, dims: dict, image_side: int, seed: int) -> str:
@@ -113,12 +129,23 @@ def build_model(out_dir: Path, dims: dict, image_side: int, seed: int) -> str:
     return f"{n_params / 1e6:.1f}M params, vocab {len(tok)}"
 
 
-def build_dataset(shape: str, side: int, n: int = 16, seed: int = 0) -> Dataset:
-    """`n` rows: a conversational prompt with an image placeholder, and a random noise image of `side` px."""
+def build_dataset(shape: dict, side: int, n: int = 16, seed: int = 0) -> Dataset:
+    """`n` rows: a conversational prompt with `shape["images"]` image placeholders and as many noise images."""
     rng = np.random.default_rng(seed)
-    images = [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(n)]
-    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION[shape]}]}]
-    return Dataset.from_dict({"prompt": [prompt] * n, "image": images})
+    k = shape["images"]
+    noise = [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(n * k)]
+    content = [{"type": "image"} for _ in range(k)] + [{"type": "text", "text": shape["question"]}]
+    prompt = [{"role": "user", "content": content}]
+    return Dataset.from_dict(
+        {"prompt": [prompt] * n, "images": [noise[i * k : (i + 1) * k] for i in range(n)]}
+    )
+
+
+def language_lora(model_dir: str) -> LoraConfig:
+    """LoRA on every linear layer of the language model (none of the vision tower), for both trainers alike."""
+    model = Qwen2VLForConditionalGeneration.from_pretrained(model_dir)
+    targets = language_linear_names(model, get_model_family(model))
+    return LoraConfig(r=16, lora_alpha=32, target_modules=targets)
 
 
 def length_reward(completions, **kwargs) -> list[float]:
@@ -239,16 +266,17 @@ class StepRecorder(TrainerCallback):
             self.logs.append(dict(logs))
 
 
-def make_trainer(kind: str, model_dir: str, dataset: Dataset, common: dict, no_share: bool):
+def make_trainer(kind: str, model_dir: str, dataset: Dataset, common: dict, opts, lora: LoraConfig | None):
     if kind == "stock":
         return GRPOTrainer(model=model_dir, reward_funcs=length_reward, args=GRPOConfig(**common),
-                           train_dataset=dataset)  # fmt: skip
+                           train_dataset=dataset, peft_config=copy.deepcopy(lora))  # fmt: skip
     fields = {f.name for f in dataclasses.fields(VLMGRPOConfig)}
     extra = {"log_samples_steps": 0} if "log_samples_steps" in fields else {}  # no sample files, like stock
-    if no_share and "share_prompt_prefix" in fields:
-        extra["share_prompt_prefix"] = False
+    if opts.share != "default" and "share_prompt_prefix" in fields:
+        extra["share_prompt_prefix"] = opts.share
     args = VLMGRPOConfig(**common, **extra)
-    return VLMGRPOTrainer(model=model_dir, reward_funcs=length_reward, args=args, train_dataset=dataset)
+    return VLMGRPOTrainer(model=model_dir, reward_funcs=length_reward, args=args, train_dataset=dataset,
+                          peft_config=copy.deepcopy(lora))  # fmt: skip
 
 
 def report(name: str, rec: StepRecorder, G: int, length: int, warmup: int) -> float:
@@ -268,27 +296,31 @@ def report(name: str, rec: StepRecorder, G: int, length: int, warmup: int) -> fl
 
 
 def run_shape(key: str, opts, dims: dict, meter: HeapMeter, cuda: bool, work: Path) -> float:
-    shape, G, length = SHAPES[key]
-    side = dims["long_side"] if key == "long" else SHORT_SIDE
+    spec = SHAPES[key]
+    shape, G, length = spec["name"], spec["G"], spec["length"]
+    side = spec["side"] or dims["long_side"]
     model_dir = work / shape
     desc = build_model(model_dir, dims, side, opts.seed)
-    dataset = build_dataset(shape, side, seed=opts.seed)
+    dataset = build_dataset(spec, side, seed=opts.seed)
     common = dict(
         output_dir=str(work / f"out_{shape}"), per_device_train_batch_size=G, num_generations=G,
         gradient_accumulation_steps=1, max_completion_length=length, generation_kwargs={"min_new_tokens": length},
-        beta=0.0, gradient_checkpointing=False, learning_rate=1e-5, max_steps=opts.warmup + opts.steps, logging_steps=1, report_to="none",
-        save_strategy="no", seed=opts.seed, use_cpu=not cuda, bf16=False, fp16=False, disable_tqdm=True,
-        dataloader_num_workers=0,
+        beta=0.0, gradient_checkpointing=False, learning_rate=1e-5, max_steps=opts.warmup + opts.steps,
+        logging_steps=1, report_to="none", save_strategy="no", seed=opts.seed, use_cpu=not cuda,
+        bf16=opts.bf16, fp16=False, disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
+    common.update(RECIPE if spec["recipe"] else {})
+    lora = language_lora(str(model_dir)) if spec["recipe"] else None
     names = ["stock", "ours"]
     turns, recorders, errors, trainers = Turns(names), {}, {}, {}
     for name in names:
-        trainers[name] = make_trainer(name, str(model_dir), dataset, common, opts.no_share)
+        trainers[name] = make_trainer(name, str(model_dir), dataset, common, opts, lora)
         for cb in (PrinterCallback, ProgressCallback):
             trainers[name].remove_callback(cb)
         recorders[name] = StepRecorder(name, turns, meter, cuda)
         trainers[name].add_callback(recorders[name])
-        visual = trainers[name].accelerator.unwrap_model(trainers[name].model).model.visual
+        unwrapped = trainers[name].accelerator.unwrap_model(trainers[name].model)
+        visual = (unwrapped.get_base_model() if lora else unwrapped).model.visual
         visual.register_forward_pre_hook(recorders[name].count_vision, with_kwargs=True)
     share = getattr(trainers["ours"].args, "share_prompt_prefix", "n/a (no such field)")
 
@@ -309,8 +341,12 @@ def run_shape(key: str, opts, dims: dict, meter: HeapMeter, cuda: bool, work: Pa
     if errors:
         raise next(iter(errors.values()))
 
-    print(f"\n== {shape}: G={G}, {length} completion tokens, {side}x{side} image, model {desc}, "
-          f"share_prompt_prefix={share}\nstep order: {' '.join(turns.order)}")  # fmt: skip
+    setup = (
+        "LoRA on the language model, gradient checkpointing, beta 0.04" if spec["recipe"] else "full, beta 0"
+    )
+    print(f"\n== {shape}: G={G}, {length} completion tokens, {spec['images']} x {side}x{side} image, {setup}, "
+          f"{'bf16' if opts.bf16 else 'fp32'}, model {desc}, share_prompt_prefix={share}\n"
+          f"step order: {' '.join(turns.order)}")  # fmt: skip
     print(f"{'trainer':<8}{'median s':>10}{'min s':>8}{'max s':>8}{'tok/step':>10}{'tok/s':>9}{'peak MiB':>10}"
           f"{'prompt/sample':>15}{'completion min/mean/max':>26}{'ViT patches/step':>18}")  # fmt: skip
     medians = {name: report(name, recorders[name], G, length, opts.warmup) for name in names}
@@ -323,11 +359,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--steps", type=int, default=5, help="measured steps per trainer per shape")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per trainer first")
-    parser.add_argument("--shape", choices=["long", "short", "both"], default="both")
+    parser.add_argument("--shape", choices=[*SHAPES, "both", "all"], default="all",
+                        help="both: long and short; all: every shape")  # fmt: skip
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
     parser.add_argument("--scale", choices=["small", "large"], default="small", help="large: for a GPU run")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, to check the script quickly")
-    parser.add_argument("--no-share", action="store_true", help="VLMGRPOConfig(share_prompt_prefix=False)")
+    parser.add_argument("--share", choices=["default", "auto", "true", "false"], default="default",
+                        help="VLMGRPOConfig(share_prompt_prefix=...); default: the config's default")  # fmt: skip
+    parser.add_argument("--bf16", action="store_true", help="train in bf16 (both trainers)")
     parser.add_argument("--seed", type=int, default=0)
     opts = parser.parse_args()
     if opts.steps < 1 or opts.warmup < 0:
@@ -346,8 +385,9 @@ def main() -> None:
     ratios = {}
     try:
         with tempfile.TemporaryDirectory(prefix="bench_grpo_") as work:
-            for key in ("long", "short") if opts.shape == "both" else (opts.shape,):
-                ratios[SHAPES[key][0]] = run_shape(key, opts, dims, meter, cuda, Path(work))
+            keys = {"both": ("long", "short"), "all": tuple(SHAPES)}.get(opts.shape, (opts.shape,))
+            for key in keys:
+                ratios[SHAPES[key]["name"]] = run_shape(key, opts, dims, meter, cuda, Path(work))
     finally:
         meter.close()
     print()
