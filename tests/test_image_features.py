@@ -26,7 +26,7 @@ def logps(trainer: VLMGRPOTrainer, batch: dict, share: bool) -> tuple[torch.Tens
     with torch.no_grad():
         values, entropies, _ = trainer._get_per_token_logps_and_entropies(
             trainer.model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"].size(1), 4,
-            compute_entropy=True, image_inputs=batch["mm"],
+            compute_entropy=True, image_inputs=batch["image_inputs"],
         )  # fmt: skip
     return values, entropies
 

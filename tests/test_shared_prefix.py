@@ -53,7 +53,7 @@ def rollout_batch(trainer: VLMGRPOTrainer, rows: list[dict], seed: int = 0):
         "input_ids": torch.cat([prompt_ids, completion_ids], 1),  # [B, P+C]
         "attention_mask": torch.cat([prompt_mask, completion_mask], 1),
         "completion_mask": completion_mask,
-        "mm": [e.image_inputs for e in encoded],
+        "image_inputs": [e.image_inputs for e in encoded],
     }
 
 
@@ -68,7 +68,7 @@ def logps_and_grads(trainer: VLMGRPOTrainer, batch: dict, share: bool, micro_bat
         batch["completion_mask"].size(1),
         micro_batch,  # default 4 rows: smaller than the batch of 18, and cutting groups of G=3
         compute_entropy=True,
-        image_inputs=batch["mm"],
+        image_inputs=batch["image_inputs"],
     )
     weights = torch.linspace(-1, 1, logps.numel()).view_as(
         logps
@@ -116,13 +116,13 @@ def test_shared_prefix_generation_matches_generate(family, tiny_model, tmp_path)
     # image and text-only prompts mixed, then a batch of text-only prompts only (positions without images)
     for rows in (color_rows(6, text_only_every=3), [color_rows(3, text_only_every=1)[i] for i in (0, 2)]):
         batch = rollout_batch(trainer, rows)
-        ids, mask, mm = batch["prompt_ids"], batch["prompt_mask"], batch["mm"]
+        ids, mask, images = batch["prompt_ids"], batch["prompt_mask"], batch["image_inputs"]
         with torch.no_grad():
             full = model.generate(
-                **trainer.family.model_inputs(model.config, ids, mask, mm), generation_config=config
+                **trainer.family.model_inputs(model.config, ids, mask, images), generation_config=config
             )
             shared = shared_prefix_generate(
-                model, model, trainer.family, ids, mask, mm, generation_config=config
+                model, model, trainer.family, ids, mask, images, generation_config=config
             )
         assert torch.equal(shared.sequences, full.sequences)
         for a, b in zip(shared.logits, full.logits, strict=True):
@@ -180,7 +180,9 @@ def test_prompt_tokens_run_once_per_group(tiny_model, tmp_path):
     groups = 6  # 6 prompts x G rows
     assert seen[False]["tokens"] == B * L
     assert seen[True]["tokens"] == groups * (P - 1) + B * (C + 1)
-    patches = sum(mm["pixel_values"].size(0) for mm in batch["mm"] if mm)  # every row's image patches
+    patches = sum(
+        row["pixel_values"].size(0) for row in batch["image_inputs"] if row
+    )  # every row's image patches
     assert seen[False]["vision"] == patches
     assert seen[True]["vision"] * G == patches  # each image once per group
 

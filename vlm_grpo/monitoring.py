@@ -98,7 +98,7 @@ def sample_records(
     advantages: Sequence[float],
     num_generations: int,
 ) -> list[dict[str, Any]]:
-    """One record per prompt group (G consecutive rows), in the layout `vlm_grpo.samples.write_samples` writes.
+    """One record per prompt group (G consecutive rows), in the layout `vlm_grpo.sample_log.write_samples` writes.
 
     Args:
         step (`int`): training step.

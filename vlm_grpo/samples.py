@@ -18,8 +18,6 @@ from typing import Any
 
 from .errors import VLMGRPOError, run_cli
 from .sample_log import SAMPLE_FILE, SAMPLES_DIR
-from .sample_log import samples_path as samples_path  # until every caller imports it from sample_log
-from .sample_log import write_samples as write_samples  # until every caller imports it from sample_log
 
 DEFAULT_OUTPUT = "samples.html"
 MAX_IMAGE_SIDE = 256
