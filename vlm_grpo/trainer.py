@@ -174,6 +174,9 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._timer, self._step_seconds, self._step_tokens = PhaseTimer(), 0.0, 0
         self._vision_dummy: EncodedPrompt | None = None
         self._sharing_pays = True  # `share_prompt_prefix: auto`, decided per generation batch
+        if not self.family.shares_prefix and sharing_mode(self.args.share_prompt_prefix) != "false":
+            logger.info(f"{self.family.model_type}: share_prompt_prefix does not apply (its cache is not shareable); "
+                        "every pass runs full rows.")  # fmt: skip
         self._zero3_multi_process = (  # ZeRO-3 gathers each module's shards collectively: see `vision_dummy`
             self.is_deepspeed_enabled
             and self.accelerator.state.deepspeed_plugin.zero_stage == 3
@@ -182,8 +185,11 @@ class VLMGRPOTrainer(GRPOTrainer):
         vision_trains = any(
             p.requires_grad for n, p in self.model.named_parameters() if self.family.is_vision_module(n)
         )
-        # Frozen vision: each image is encoded once per generation batch (see `image_features`)
-        self._image_features = None if vision_trains else ImageFeatureCache(self.family)
+        # Frozen vision: each image is encoded once per generation batch (see `image_features`). Under multi-process
+        # ZeRO-3 that needs generation to gather the whole model (`ds3_gather_for_generation`), so that no process
+        # runs the vision tower's collectives alone.
+        per_module_gathers = self._zero3_multi_process and not self.args.ds3_gather_for_generation
+        self._image_features = None if vision_trains or per_module_gathers else ImageFeatureCache(self.family)
 
     def _reusing_image_features(
         self, model: torch.nn.Module, image_inputs: Sequence[dict]
@@ -354,8 +360,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         timer = self._timer if mode == "train" else PhaseTimer()
         rows = load_rows(inputs)
-        if self._image_features is not None:
-            self._image_features.clear()  # features of the previous generation batch are not needed any more
+        if self._image_features is not None and mode == "train":
+            self._image_features.clear()  # the previous generation batch's features are not needed any more
         with timer("gen"):
             encoded = self._encode_prompts(rows)
             self._decide_sharing(encoded, self.max_completion_length)
@@ -679,7 +685,11 @@ class VLMGRPOTrainer(GRPOTrainer):
         return logps, entropies, aux
 
     def _decide_sharing(self, encoded: list[EncodedPrompt], completion_len: int) -> None:
-        """For `share_prompt_prefix: auto`: whether sharing pays for this generation batch's shapes."""
+        """For `share_prompt_prefix: auto`: whether sharing pays for this generation batch's shapes.
+
+        Every process takes the same decision (sharing only if it pays on all), so that all run the same number of
+        forward calls: ZeRO-3 gathers parameters collectively in each.
+        """
         sizes = [1]
         for previous, item in zip(encoded, encoded[1:], strict=False):
             if item is previous:
@@ -687,7 +697,8 @@ class VLMGRPOTrainer(GRPOTrainer):
             else:
                 sizes.append(1)
         prompt_len = max(len(e.input_ids) for e in encoded)
-        self._sharing_pays = sharing_pays(prompt_len, completion_len, sizes)
+        pays = torch.tensor([sharing_pays(prompt_len, completion_len, sizes)], device=self.accelerator.device)
+        self._sharing_pays = bool(self.accelerator.gather(pays).all())
 
     def _shares_prefix(self, compute_aux_loss: bool = False, generation: bool = False) -> bool:
         """Whether this pass runs each group's prompt once (see `shared_prefix`).
@@ -699,6 +710,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         """
         mode = sharing_mode(self.args.share_prompt_prefix)
         if mode == "false" or (mode == "auto" and not self._sharing_pays) or compute_aux_loss:
+            return False
+        if not self.family.shares_prefix:
             return False
         if generation:
             return self.args.cache_implementation is None
