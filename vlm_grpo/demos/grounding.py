@@ -1,0 +1,164 @@
+"""Grounding demo: find the one object in the image and answer its box, scored by `iou` + `rec_format`.
+
+Each 112x112 image holds one object (a filled square or circle of one of four colours) on a noisy grey
+background. Its box lies on a 16-pixel grid, so every box is written with the coordinate words 0, 16, ..., 112
+of the tiny model's vocabulary. The answer is `<think> {colour} {shape} </think> <answer> [x1, y1, x2, y2]
+</answer>` (VLM-R1's REC format).
+
+The model sees each image at 28x28 (one image token): Qwen2-VL's vision tower has rotary positions only, so
+in a tiny model the position of an object is readable only from inside a token's own pixels.
+
+A random model cannot write that format, so a short supervised warm start teaches it first, on a few
+examples (64 labelled images); its held-out IoU is printed. GRPO then improves the boxes from its own answers
+on 1,024 other images. (A format-only warm start, each image paired with another image's box, left the
+boxes uncoupled from the image and x2 < x1 half of the time; GRPO barely moved from there at this scale.)
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from ..testing import ROLE_WORDS, build_tiny_model
+from .common import evaluate_stage, finish, grpo_config, train_grpo, warm_start, write_split
+
+IMAGE_SIZE = 112
+VIEW_SIZE = 28
+GRID = 16
+COLORS = {"red": (220, 40, 40), "green": (40, 190, 40), "blue": (40, 60, 220), "yellow": (230, 210, 40)}
+SHAPES = ("square", "circle")
+QUESTION = "Find the {colour} {shape} . Answer its box [ x1 , y1 , x2 , y2 ] ."
+REWARDS = ("iou", "rec_format")
+MAX_NEW_TOKENS = 12
+GRPO_SETTINGS: dict[str, Any] = dict(
+    max_completion_length=MAX_NEW_TOKENS,
+    learning_rate=3e-4,
+    per_device_train_batch_size=64,
+    num_generations=8,
+)
+"""GRPO settings of this demo (`grpo_config` fills in the rest)."""
+
+
+def vocabulary() -> list[str]:
+    """The task's words: question words, colours, shapes, box punctuation and the grid coordinates."""
+    words = QUESTION.replace("{colour}", "").replace("{shape}", "").split()
+    values = range(0, IMAGE_SIZE + 1, GRID)
+    coords = [f"[{v}," for v in values] + [f"{v}," for v in values] + [f"{v}]" for v in values]
+    return [*words, *COLORS, *SHAPES, *coords]
+
+
+def draw_object(rng: random.Random) -> tuple[Image.Image, str, str, list[int]]:
+    """One image: a grey noisy background with one object on the grid; returns image, colour, shape, box."""
+    noise = np.random.default_rng(rng.randrange(2**32)).integers(100, 151, (IMAGE_SIZE, IMAGE_SIZE, 3))
+    image = Image.fromarray(noise.astype(np.uint8))
+    cells = IMAGE_SIZE // GRID
+    w, h = rng.randint(2, 4), rng.randint(2, 4)
+    x, y = rng.randint(0, cells - w), rng.randint(0, cells - h)
+    box = [x * GRID, y * GRID, (x + w) * GRID, (y + h) * GRID]
+    colour, shape = rng.choice(list(COLORS)), rng.choice(SHAPES)
+    fill = tuple(max(0, min(255, c + rng.randint(-20, 20))) for c in COLORS[colour])
+    draw = ImageDraw.Draw(image)
+    corners = (box[0], box[1], box[2] - 1, box[3] - 1)
+    (draw.rectangle if shape == "square" else draw.ellipse)(corners, fill=fill)
+    return image, colour, shape, box
+
+
+def answer(colour: str, shape: str, box: list[int]) -> str:
+    """The completion in the task's format."""
+    return f"<think> {colour} {shape} </think> <answer> [{box[0]}, {box[1]}, {box[2]}, {box[3]}] </answer>"
+
+
+def write_task(out_dir: Path, n_train: int = 1024, n_warm: int = 64, n_eval: int = 64, seed: int = 0) -> dict:
+    """Write the train, warm-start and held-out splits (disjoint images); returns YAML paths and warm targets.
+
+    Args:
+        out_dir (`Path`): the data folder.
+        n_train (`int`, *optional*, defaults to 1024): GRPO records.
+        n_warm (`int`, *optional*, defaults to 64): warm-start records, with their true boxes.
+        n_eval (`int`, *optional*, defaults to 64): held-out records.
+        seed (`int`, *optional*, defaults to 0): seed of the drawing.
+    """
+    rng = random.Random(seed)
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Any] = {}
+    targets: list[str] = []
+    for split, n in (("train", n_train), ("warm", n_warm), ("eval", n_eval)):
+        records = []
+        for i in range(n):
+            image, colour, shape, box = draw_object(rng)
+            name = f"images/{split}_{i:04d}.png"
+            image.save(out_dir / name)
+            records.append(
+                {
+                    "image": name,
+                    "problem": QUESTION.format(colour=colour, shape=shape),
+                    "solution": box,
+                    "accu_reward_method": "iou",
+                }
+            )
+            if split == "warm":
+                targets.append(answer(colour, shape, box))
+        paths[split] = write_split(out_dir, split, records)
+    paths["warm_targets"] = targets
+    return paths
+
+
+def run_grounding(
+    output_dir: str = "runs/demo-grounding",
+    max_steps: int = 200,
+    seed: int = 0,
+    warm_epochs: float = 6,
+    data_sizes: dict[str, int] | None = None,
+    **overrides: Any,
+) -> dict:
+    """Build, evaluate, warm-start, evaluate, train with GRPO, evaluate.
+
+    Args:
+        output_dir (`str`, *optional*, defaults to `"runs/demo-grounding"`): where everything goes.
+        max_steps (`int`, *optional*, defaults to 200): GRPO steps.
+        seed (`int`, *optional*, defaults to 0): seed of data, model and training.
+        warm_epochs (`float`, *optional*, defaults to 6): warm-start epochs.
+        data_sizes (`dict[str, int]`, *optional*, defaults to `None`): split sizes passed to `write_task`
+            (`n_train`, `n_warm`, `n_eval`); `None` keeps the task's own.
+        **overrides (`Any`): `VLMGRPOConfig` fields replacing the demo's settings.
+
+    Returns:
+        `dict`: the held-out reports `start`, `warm`, `after` and the seconds of each phase.
+    """
+    out = Path(output_dir)
+    data = write_task(out / "data", seed=seed, **(data_sizes or {}))
+    model_dir = build_tiny_model(
+        "qwen2_vl",
+        out / "model-init",
+        seed=seed,
+        base_words=ROLE_WORDS,
+        words=vocabulary(),
+        image_size=VIEW_SIZE,
+    )
+    stage = dict(rewards=REWARDS, max_new_tokens=MAX_NEW_TOKENS)
+    result: dict[str, Any] = {}
+    result["start"] = evaluate_stage(model_dir, data["eval"], out / "eval_start.json", label="start", **stage)
+    result["warm_seconds"] = warm_start(
+        model_dir,
+        data["warm"],
+        data["warm_targets"],
+        out / "model-warm",
+        epochs=warm_epochs,
+        seed=seed,
+        batch_size=16,
+        learning_rate=3e-3,
+    )
+    result["warm"] = evaluate_stage(
+        out / "model-warm", data["eval"], out / "eval_warm.json", label="after warm start", **stage
+    )
+    args = grpo_config(out / "model", max_steps, seed, **{**GRPO_SETTINGS, **overrides})
+    result["train_seconds"] = train_grpo(out / "model-warm", data["train"], REWARDS, args)
+    result["after"] = evaluate_stage(
+        out / "model", data["eval"], out / "eval_after.json", label="after GRPO", **stage
+    )
+    result.update(finish(out / "model"))
+    return result

@@ -1,0 +1,150 @@
+"""Math demo: read two segment lengths off a figure and answer their total in `\\boxed{}` (reward `geo3k`).
+
+Each 56x56 image shows two horizontal segments, one above the other, of 1 to 5 units each (a unit is 8 pixels);
+the question asks for their total length (2 to 10, drawn uniformly, so chance is 1/9). The answer is
+`<think> total length </think> \\boxed{N}` and `geo3k` scores it `0.9 * correct + 0.1 * format` (Geometry3K
+style); the reported accuracy is the share of held-out answers that are right.
+
+A random model cannot write `\\boxed{}`, so a format-only warm start comes first: each warm-start image is
+paired with the total of another, random image, so the warm start learns the layout and nothing of the figure.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+from ..testing import ROLE_WORDS, build_tiny_model
+from .common import evaluate_stage, finish, grpo_config, train_grpo, warm_start, write_split
+
+IMAGE_SIZE = 56
+UNIT = 8
+MAX_UNITS = 5
+QUESTION = "What is the total length of the two segments ? Answer in \\boxed{} ."
+THINK = "<think> total length </think>"
+REWARDS = ("math_accuracy", "geo3k")
+"""Held-out scores; the first, `math_accuracy`, is the reported accuracy. GRPO trains on `geo3k` alone."""
+MAX_NEW_TOKENS = 8
+GRPO_SETTINGS: dict[str, Any] = dict(
+    max_completion_length=MAX_NEW_TOKENS,
+    learning_rate=3e-4,
+    per_device_train_batch_size=64,
+    num_generations=8,
+)
+"""GRPO settings of this demo (`grpo_config` fills in the rest)."""
+
+
+def vocabulary() -> list[str]:
+    """The task's words: the question's, the think words, `\\boxed{`, `}` and the numbers 0 to 20."""
+    words = QUESTION.replace("\\boxed{}", "").split() + ["total", "length", "\\boxed{", "}"]
+    return [*words, *(str(i) for i in range(21))]
+
+
+def draw_segments(a: int, b: int, rng: random.Random) -> Image.Image:
+    """Two dark segments of `a` and `b` units on a light background, at random horizontal offsets."""
+    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), tuple(rng.randint(200, 240) for _ in range(3)))
+    draw = ImageDraw.Draw(image)
+    for units, top in ((a, rng.randint(6, 16)), (b, rng.randint(34, 44))):
+        length = units * UNIT
+        x = rng.randint(2, IMAGE_SIZE - 2 - length)
+        shade = tuple(rng.randint(20, 70) for _ in range(3))
+        draw.rectangle((x, top, x + length - 1, top + 5), fill=shade)
+    return image
+
+
+def boxed(total: int) -> str:
+    """The completion in the task's format."""
+    return f"{THINK} \\boxed{{{total}}}"
+
+
+def write_task(
+    out_dir: Path, n_train: int = 1024, n_warm: int = 256, n_eval: int = 90, seed: int = 0
+) -> dict:
+    """Write the train, warm-start and held-out splits; returns the YAML paths and the warm-start targets.
+
+    Args:
+        out_dir (`Path`): the data folder.
+        n_train (`int`, *optional*, defaults to 1024): GRPO records.
+        n_warm (`int`, *optional*, defaults to 256): warm-start records.
+        n_eval (`int`, *optional*, defaults to 90): held-out records (10 per total).
+        seed (`int`, *optional*, defaults to 0): seed of the drawing.
+    """
+    rng = random.Random(seed)
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Any] = {}
+    totals: list[int] = []
+    for split, n in (("train", n_train), ("warm", n_warm), ("eval", n_eval)):
+        records = []
+        for i in range(n):
+            total = 2 + i % (2 * MAX_UNITS - 1)
+            a = rng.randint(max(1, total - MAX_UNITS), min(MAX_UNITS, total - 1))
+            name = f"images/{split}_{i:04d}.png"
+            draw_segments(a, total - a, rng).save(out_dir / name)
+            records.append({"image": name, "problem": QUESTION, "solution": str(total)})
+            if split == "warm":
+                totals.append(total)
+        rng.shuffle(records)
+        paths[split] = write_split(out_dir, split, records)
+    # Format-only targets: a random total, not the image's.
+    paths["warm_targets"] = [boxed(rng.choice(totals)) for _ in range(n_warm)]
+    return paths
+
+
+def run_segments(
+    output_dir: str = "runs/demo-math",
+    max_steps: int = 300,
+    seed: int = 0,
+    warm_epochs: float = 6,
+    data_sizes: dict[str, int] | None = None,
+    **overrides: Any,
+) -> dict:
+    """Build, evaluate, warm-start (format only), evaluate, train with GRPO, evaluate.
+
+    Args:
+        output_dir (`str`, *optional*, defaults to `"runs/demo-math"`): where everything goes.
+        max_steps (`int`, *optional*, defaults to 300): GRPO steps.
+        seed (`int`, *optional*, defaults to 0): seed of data, model and training.
+        warm_epochs (`float`, *optional*, defaults to 6): warm-start epochs.
+        data_sizes (`dict[str, int]`, *optional*, defaults to `None`): split sizes passed to `write_task`
+            (`n_train`, `n_warm`, `n_eval`); `None` keeps the task's own.
+        **overrides (`Any`): `VLMGRPOConfig` fields replacing the demo's settings.
+
+    Returns:
+        `dict`: the held-out reports `start`, `warm`, `after` and the seconds of each phase.
+    """
+    out = Path(output_dir)
+    data = write_task(out / "data", seed=seed, **(data_sizes or {}))
+    model_dir = build_tiny_model(
+        "qwen2_vl",
+        out / "model-init",
+        seed=seed,
+        base_words=ROLE_WORDS,
+        words=vocabulary(),
+        image_size=IMAGE_SIZE,
+    )
+    stage = dict(rewards=REWARDS, max_new_tokens=MAX_NEW_TOKENS)
+    result: dict[str, Any] = {}
+    result["start"] = evaluate_stage(model_dir, data["eval"], out / "eval_start.json", label="start", **stage)
+    result["warm_seconds"] = warm_start(
+        model_dir,
+        data["warm"],
+        data["warm_targets"],
+        out / "model-warm",
+        epochs=warm_epochs,
+        seed=seed,
+        batch_size=32,
+        learning_rate=3e-3,
+    )
+    result["warm"] = evaluate_stage(
+        out / "model-warm", data["eval"], out / "eval_warm.json", label="after warm start", **stage
+    )
+    args = grpo_config(out / "model", max_steps, seed, **{**GRPO_SETTINGS, **overrides})
+    result["train_seconds"] = train_grpo(out / "model-warm", data["train"], ["geo3k"], args)
+    result["after"] = evaluate_stage(
+        out / "model", data["eval"], out / "eval_after.json", label="after GRPO", **stage
+    )
+    result.update(finish(out / "model"))
+    return result
