@@ -47,6 +47,7 @@ def test_recipes_cover_the_promised_tasks():
         "qwen2_5_vl_7b_brand_qlora",
         "internvl3_2b_brand_qlora",
         "gemma3_4b_lora",
+        "qwen3_vl_30b_a3b_zero3",
     } <= names
 
 
@@ -77,7 +78,12 @@ def test_accelerate_configs(name):
 
 
 def test_recipe_model_families_are_supported():
-    families = {"Qwen2.5-VL": "qwen2_5_vl", "InternVL": "internvl", "gemma-3": "gemma3"}
+    families = {
+        "Qwen2.5-VL": "qwen2_5_vl",
+        "InternVL": "internvl",
+        "gemma-3": "gemma3",
+        "Qwen3-VL-30B-A3B": "qwen3_vl_moe",
+    }
     for recipe in RECIPES:
         model = yaml.safe_load(recipe.read_text())["model_name_or_path"]
         assert any(key in model and families[key] in SUPPORTED_MODEL_TYPES for key in families), model

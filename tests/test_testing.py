@@ -26,6 +26,7 @@ TURN_END = {
     "qwen3_vl": "<|im_end|>",
     "internvl": "<|im_end|>",
     "gemma3": "<end_of_turn>",
+    "qwen3_vl_moe": "<|im_end|>",
 }
 # Token repeated once per visual embedding in ``input_ids``.
 IMAGE_TOKEN = {
@@ -34,6 +35,7 @@ IMAGE_TOKEN = {
     "qwen3_vl": "<|image_pad|>",
     "internvl": "<IMG_CONTEXT>",
     "gemma3": "<image_soft_token>",
+    "qwen3_vl_moe": "<|image_pad|>",
 }
 # Module name prefixes of the vision side (tower + projector) in the loaded model.
 VISION_PREFIXES = {
@@ -42,6 +44,7 @@ VISION_PREFIXES = {
     "qwen3_vl": ("model.visual.",),
     "internvl": ("model.vision_tower.", "model.multi_modal_projector."),
     "gemma3": ("model.vision_tower.", "model.multi_modal_projector."),
+    "qwen3_vl_moe": ("model.visual.",),
 }
 ARCHITECTURE = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
@@ -49,6 +52,7 @@ ARCHITECTURE = {
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "internvl": "InternVLForConditionalGeneration",
     "gemma3": "Gemma3ForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
 }
 
 

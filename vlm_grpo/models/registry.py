@@ -14,8 +14,14 @@ from .base import ModelFamily
 from .gemma3 import Gemma3Family
 from .internvl import InternVLFamily
 from .qwen2_vl import Qwen2VLFamily
+from .qwen3_vl_moe import Qwen3VLMoeFamily
 
-FAMILY_CLASSES: tuple[type[ModelFamily], ...] = (Qwen2VLFamily, InternVLFamily, Gemma3Family)
+FAMILY_CLASSES: tuple[type[ModelFamily], ...] = (
+    Qwen2VLFamily,
+    InternVLFamily,
+    Gemma3Family,
+    Qwen3VLMoeFamily,
+)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for cls in FAMILY_CLASSES for t in cls.model_types)
 
 

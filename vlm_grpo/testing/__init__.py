@@ -10,14 +10,26 @@ chat turn end (``<|im_end|>`` for Qwen and InternVL, ``<end_of_turn>`` for Gemma
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 from ._common import DEFAULT_WORDS, ROLE_WORDS, TAG_TOKENS, UNK_TOKEN
 from .gemma3 import build_gemma3
 from .internvl import build_internvl
 from .qwen import build_qwen
+from .qwen3_5 import build_qwen_moe
 
-TINY_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
+BUILDERS: dict[str, Callable[..., str]] = {
+    "qwen2_vl": partial(build_qwen, "qwen2_vl"),
+    "qwen2_5_vl": partial(build_qwen, "qwen2_5_vl"),
+    "qwen3_vl": partial(build_qwen, "qwen3_vl"),
+    "internvl": build_internvl,
+    "gemma3": build_gemma3,
+    "qwen3_vl_moe": partial(build_qwen_moe, "qwen3_vl_moe"),
+}
+"""The one place a tiny builder is registered: ``family -> builder(out_dir, **kwargs)``."""
+
+TINY_FAMILIES: tuple[str, ...] = tuple(BUILDERS)
 """Families ``build_tiny_model`` supports; each is also the ``model_type`` of the saved config."""
 
 __all__ = ["DEFAULT_WORDS", "ROLE_WORDS", "TAG_TOKENS", "TINY_FAMILIES", "UNK_TOKEN", "build_tiny_model"]
@@ -37,8 +49,7 @@ def build_tiny_model(
     """Build a tiny random model of ``family`` with tokenizer and processor, and save it to ``out_dir``.
 
     Args:
-        family (`str`): one of ``TINY_FAMILIES``: ``"qwen2_vl"``, ``"qwen2_5_vl"``, ``"qwen3_vl"``,
-            ``"internvl"``, ``"gemma3"``.
+        family (`str`): one of ``TINY_FAMILIES`` (the keys of ``BUILDERS``).
         out_dir (`str | os.PathLike`): directory to write (created if missing, files overwritten).
         words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words (no whitespace),
             added after ``base_words``; duplicates are ignored.
@@ -66,10 +77,6 @@ def build_tiny_model(
         "num_hidden_layers": num_hidden_layers,
         "image_size": image_size,
     }
-    if family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
-        return build_qwen(family, out_dir, **kwargs)
-    if family == "internvl":
-        return build_internvl(out_dir, **kwargs)
-    if family == "gemma3":
-        return build_gemma3(out_dir, **kwargs)
-    raise ValueError(f"unknown tiny model family {family!r}; supported: {', '.join(TINY_FAMILIES)}")
+    if family not in BUILDERS:
+        raise ValueError(f"unknown tiny model family {family!r}; supported: {', '.join(TINY_FAMILIES)}")
+    return BUILDERS[family](out_dir, **kwargs)

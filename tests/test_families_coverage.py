@@ -1,0 +1,69 @@
+"""The per-family checks that other test files run on a few original families, run on every family added since.
+
+Tests that run over `FAMILIES` (training, shared prefix, frozen-vision reuse, vLLM payloads) cover the new families
+by themselves; these are the ones written for a chosen subset: several images per prompt, image and text-only
+prompts in one batch, placeholder tokens never sampled, text-only vLLM rows, and LoRA on the language model only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import test_multimodal_batches
+import test_vllm_payload
+import torch
+from conftest import NEW_FAMILIES, color_dataset, grpo_args, length_reward
+from peft import LoraConfig
+from test_vllm_payload import family_setup  # noqa: F401  (fixture)
+
+from vlm_grpo import VLMGRPOTrainer
+from vlm_grpo.adapters import language_linear_names
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_two_images_per_prompt(family, tiny_model, tmp_path):
+    test_multimodal_batches.test_two_images_per_prompt(family, tiny_model, tmp_path)
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_batch_mixing_image_and_text_only_prompts(family, tiny_model, tmp_path):
+    test_multimodal_batches.test_batch_mixing_image_and_text_only_prompts(family, tiny_model, tmp_path)
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_path):
+    test_multimodal_batches.test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_path)
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_text_only_rows_get_no_images(family, family_setup):  # noqa: F811
+    test_vllm_payload.test_text_only_rows_get_no_images(family, family_setup)
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_lora_trains_only_language_adapters(family, tiny_model, tmp_path):
+    """Every linear layer of the language model carries an adapter, none of the vision tower; only adapters move.
+
+    Expert weights of MoE layers are packed tensors, not linear layers: LoRA adapts attention (and dense or shared
+    expert MLPs where the family has them), as PEFT's default linear targeting does.
+    """
+    trainer = VLMGRPOTrainer(
+        model=tiny_model(family),
+        reward_funcs=length_reward,
+        args=grpo_args(tmp_path, learning_rate=5e-2),
+        train_dataset=color_dataset(8),
+        peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0),
+    )
+    base = trainer.model.get_base_model()
+    adapted = {n.removesuffix(".lora_A") for n, _ in base.named_modules() if n.endswith(".lora_A")}
+    assert adapted and not any(trainer.family.is_vision_module(n) for n in adapted)
+    # the adapted set is exactly the language model's linear layers, attention included
+    assert adapted == set(
+        language_linear_names(trainer.family.load_model(tiny_model(family)), trainer.family)
+    )
+    assert any(n.endswith(".q_proj") for n in adapted)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    moved = {n for n, p in before.items() if not torch.equal(p, after[n].detach())}
+    assert {n for n in before if "lora_B" in n} <= moved  # lora_B starts at zero: only a real update moves it
+    assert all("lora_" in n for n in moved)

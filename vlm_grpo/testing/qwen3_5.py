@@ -1,0 +1,191 @@
+"""Tiny Qwen3-VL MoE, Qwen3.5 and Qwen3.5 MoE models with a word-level tokenizer, built offline.
+
+All three take Qwen3-VL's processor (patch 16, mean = std = 0.5) and chat layout. Qwen3-VL MoE replaces the MLP of
+every text layer by a few tiny experts; Qwen3.5 alternates Gated DeltaNet linear-attention layers with full
+attention (the last layer of the tiny model is full attention), and Qwen3.5 MoE adds experts and a shared expert.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import (
+    Qwen2VLImageProcessor,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForConditionalGeneration,
+    Qwen3VLMoeConfig,
+    Qwen3VLMoeForConditionalGeneration,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
+)
+
+from ._common import (
+    DEFAULT_WORDS,
+    TokenizerSpec,
+    build_word_tokenizer,
+    check_sizes,
+    round_to_multiple,
+    save_all,
+    seeded,
+    token_id,
+)
+from .qwen import QWEN_CHAT_TEMPLATE, QWEN_NAMED_TOKENS, QWEN_SPECIAL_TOKENS, _mrope_section
+
+QWEN_MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+VISION_WIDTH = 32
+VISION_HEADS = 2
+NUM_EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
+PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 16, 2, 2
+
+
+def _processor(tokenizer: Any, side: int) -> Qwen3VLProcessor:
+    """Qwen3-VL's processor with images of at most `side**2` pixels (and about 8 such frames per video)."""
+    factor = PATCH_SIZE * MERGE_SIZE
+    image_kwargs: dict[str, Any] = {
+        "size": {"shortest_edge": factor * factor, "longest_edge": side * side},
+        "patch_size": PATCH_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "merge_size": MERGE_SIZE,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+    video_kwargs = dict(
+        image_kwargs,
+        size={"shortest_edge": factor * factor, "longest_edge": 8 * side * side},
+        cap_pixels_per_frame=True,
+    )
+    return Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**image_kwargs),
+        tokenizer=tokenizer,
+        video_processor=Qwen3VLVideoProcessor(**video_kwargs),
+        chat_template=QWEN_CHAT_TEMPLATE,
+    )
+
+
+def build_qwen_moe(
+    family: str,
+    out_dir: str | os.PathLike,
+    *,
+    words: Sequence[str] | None = None,
+    base_words: Sequence[str] = DEFAULT_WORDS,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    image_size: int = 56,
+) -> str:
+    """Build and save a tiny ``qwen3_vl_moe``, ``qwen3_5`` or ``qwen3_5_moe`` model with its processor.
+
+    Args:
+        family (`str`): one of ``QWEN_MOE_FAMILIES``.
+        out_dir (`str | os.PathLike`): output directory.
+        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
+        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
+        seed (`int`, *optional*, defaults to 0): seed of the random weights.
+        hidden_size (`int`, *optional*, defaults to 64): text hidden size (4 heads, 2 KV heads); MoE layers have
+            4 experts of width ``hidden_size / 2``, 2 per token.
+        num_hidden_layers (`int`, *optional*, defaults to 2): text and vision depth; Qwen3.5 layers are linear
+            attention except every fourth and the last.
+        image_size (`int`, *optional*, defaults to 56): images are resized to at most about ``image_size**2``
+            pixels, rounded to a multiple of 32 (56 -> 64: 4 visual tokens).
+
+    Returns:
+        `str`: ``str(out_dir)``.
+    """
+    if family not in QWEN_MOE_FAMILIES:
+        raise ValueError(f"build_qwen_moe builds {', '.join(QWEN_MOE_FAMILIES)}, not {family!r}")
+    head_dim = check_sizes(hidden_size, num_hidden_layers, NUM_HEADS)
+    side = round_to_multiple(image_size, PATCH_SIZE * MERGE_SIZE)
+
+    tokenizer = build_word_tokenizer(
+        TokenizerSpec(QWEN_SPECIAL_TOKENS, dict(QWEN_NAMED_TOKENS)), words, QWEN_CHAT_TEMPLATE, base_words
+    )
+    ids = {tok: token_id(tokenizer, tok) for tok in QWEN_SPECIAL_TOKENS}
+    pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
+    processor = _processor(tokenizer, side)
+
+    is_hybrid = family.startswith("qwen3_5")
+    # Qwen3.5 rotates only part of each head (a quarter in the real models; half here, so that M-RoPE keeps
+    # one frequency per axis at head_dim 16).
+    rotary_dim = head_dim // 2 if is_hybrid else head_dim
+    text_config: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": NUM_HEADS,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "head_dim": head_dim,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": _mrope_section(rotary_dim, interleaved=True),
+            "mrope_interleaved": True,
+        },
+        "pad_token_id": pad_id,
+        "tie_word_embeddings": False,
+    }
+    if family != "qwen3_5":
+        text_config.update(
+            num_experts=NUM_EXPERTS,
+            num_experts_per_tok=EXPERTS_PER_TOKEN,
+            moe_intermediate_size=hidden_size // 2,
+            output_router_logits=False,  # saved explicitly: transformers 5.17 leaves it out by default
+        )
+    if is_hybrid:
+        text_config["rope_parameters"]["partial_rotary_factor"] = rotary_dim / head_dim
+        text_config.update(
+            partial_rotary_factor=rotary_dim / head_dim,
+            layer_types=[
+                "full_attention" if (i + 1) % 4 == 0 or i == num_hidden_layers - 1 else "linear_attention"
+                for i in range(num_hidden_layers)
+            ],
+            linear_conv_kernel_dim=4,
+            linear_num_key_heads=NUM_KV_HEADS,
+            linear_num_value_heads=NUM_HEADS,
+            linear_key_head_dim=head_dim,
+            linear_value_head_dim=head_dim,
+        )
+    if family == "qwen3_5_moe":
+        text_config["shared_expert_intermediate_size"] = hidden_size // 2
+    vision_config: dict[str, Any] = {
+        "depth": num_hidden_layers,
+        "num_heads": VISION_HEADS,
+        "in_channels": 3,
+        "patch_size": PATCH_SIZE,
+        "spatial_merge_size": MERGE_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "hidden_size": VISION_WIDTH,
+        "intermediate_size": 2 * VISION_WIDTH,
+        "out_hidden_size": hidden_size,
+        "num_position_embeddings": (side // PATCH_SIZE) ** 2,
+    }
+    if family == "qwen3_vl_moe":
+        # deepstack: features of the early vision blocks are added to the first text layers
+        vision_config["deepstack_visual_indexes"] = list(range(max(1, num_hidden_layers - 1)))
+    token_ids = {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
+    classes = {
+        "qwen3_vl_moe": (Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration),
+        "qwen3_5": (Qwen3_5Config, Qwen3_5ForConditionalGeneration),
+        "qwen3_5_moe": (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration),
+    }
+    config_cls, model_cls = classes[family]
+    config = config_cls(text_config=text_config, vision_config=vision_config, **token_ids)
+    with seeded(seed):
+        model = model_cls(config).float().eval()
+    return save_all(
+        out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
+    )
