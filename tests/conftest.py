@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-NEW_FAMILIES = ("qwen3_vl_moe",)
+NEW_FAMILIES = ("qwen3_vl_moe", "internvl_moe")
 """Families added after the first five: `test_families_coverage` runs the per-family checks other files run on a
-subset of the first five."""
+subset of the first five. `internvl_moe` is the InternVL3.5 MoE shape: an `internvl` model whose language model is a
+`qwen3_moe` mixture of experts (see `TINY_SHAPES`)."""
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", *NEW_FAMILIES)
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
+
+
+def _build_internvl_moe(out_dir: Path) -> str:
+    from vlm_grpo.testing.internvl_moe import build_internvl_moe
+
+    return build_internvl_moe(out_dir)
+
+
+TINY_SHAPES = {"internvl_moe": _build_internvl_moe}
+"""Test models of a family's `model_type` with another language model: name -> builder(out_dir)."""
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +43,8 @@ def tiny_model(tmp_path_factory):
 
     def get(family: str) -> str:
         if family not in built:
-            built[family] = build_tiny_model(family, tmp_path_factory.mktemp(family))
+            build = TINY_SHAPES[family] if family in TINY_SHAPES else partial(build_tiny_model, family)
+            built[family] = build(tmp_path_factory.mktemp(family))
         return built[family]
 
     return get

@@ -7,6 +7,8 @@ prompts in one batch, placeholder tokens never sampled, text-only vLLM rows, and
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import test_multimodal_batches
 import test_vllm_payload
@@ -67,3 +69,20 @@ def test_lora_trains_only_language_adapters(family, tiny_model, tmp_path):
     moved = {n for n, p in before.items() if not torch.equal(p, after[n].detach())}
     assert {n for n in before if "lora_B" in n} <= moved  # lora_B starts at zero: only a real update moves it
     assert all("lora_" in n for n in moved)
+
+
+def test_remote_code_internvl_names_the_hf_checkpoints(tmp_path):
+    """An original InternVL checkpoint (its own model code) is refused, pointing at the transformers-native ones."""
+    from vlm_grpo import get_model_family
+    from vlm_grpo.errors import VLMGRPOError
+
+    folder = tmp_path / "InternVL3_5-8B"
+    folder.mkdir()
+    config = {
+        "model_type": "internvl_chat",
+        "auto_map": {"AutoModel": "modeling_internvl_chat.InternVLChatModel"},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(VLMGRPOError, match=r"named -hf or -HF .*OpenGVLab/InternVL3_5-8B-HF") as info:
+        get_model_family(str(folder))
+    assert "\n" not in str(info.value)

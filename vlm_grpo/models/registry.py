@@ -54,7 +54,8 @@ def _model_type(model_or_config_or_path: Any, trust_remote_code: bool) -> str:
             raise VLMGRPOError(
                 f"{obj} ships its own model code (auto_map in config.json), which runs only with "
                 "trust_remote_code: true in the YAML (or --trust_remote_code true); set it only if you trust "
-                "that code. For InternVL, prefer the transformers-native -hf checkpoints."
+                "that code. For InternVL, use the transformers-native checkpoints instead: the ones named -hf or "
+                "-HF (e.g. OpenGVLab/InternVL3-2B-hf, OpenGVLab/InternVL3_5-8B-HF, OpenGVLab/InternVL3_5-30B-A3B-HF)."
             )
         obj = AutoConfig.from_pretrained(obj, trust_remote_code=trust_remote_code)
     config = obj if isinstance(obj, PretrainedConfig) else getattr(obj, "config", None)
