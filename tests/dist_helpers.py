@@ -151,25 +151,38 @@ class Run:
         return head + first + text[-n:]
 
 
+def start(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """Start `cmd` from the repository root in its own process group, its output (both streams) into `log_path`."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def finish(
+    proc: subprocess.Popen, cmd: list[str], log_path: Path, started: float, timeout: int = RUN_TIMEOUT
+) -> Run:
+    """Wait for `proc` (from `start`); past `timeout` its whole process group is killed and the run marked so."""
+    import time
+
+    timed_out = False
+    try:
+        proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the workers it started, nothing else
+        proc.wait()
+    return Run(
+        cmd, proc.returncode, log_path.read_text(errors="replace"), timed_out, time.monotonic() - started
+    )
+
+
 def launch(cmd: list[str], env: dict[str, str], log_path: Path, timeout: int = RUN_TIMEOUT) -> Run:
     """Run `cmd` from the repository root in its own process group; past `timeout` the whole group is killed."""
     import time
 
-    start = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the workers it started, nothing else
-            proc.wait()
-    return Run(
-        cmd, proc.returncode, log_path.read_text(errors="replace"), timed_out, time.monotonic() - start
-    )
+    started = time.monotonic()
+    return finish(start(cmd, env, log_path), cmd, log_path, started, timeout)
 
 
 def launcher_python() -> str:
@@ -298,3 +311,80 @@ def changed_weights(initial_dir: str, trained_dir: Path) -> dict[str, list[str]]
         if not torch.equal(value, trained[name]):
             out["vision" if ".visual." in f".{name}" else "language"].append(name)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ fault rewards
+# Rewards that inject a fault from inside a real run (single- or multi-process). Each returns `probe_reward`'s values
+# (completion length plus a CRC fraction), so that runs with and without the fault train identically up to it.
+def _text_reward(completions) -> list[float]:
+    texts = [c[0]["content"] if isinstance(c, list) else str(c) for c in completions]
+    return [len(t) + (zlib.crc32(t.encode()) % 1000) / 1000 for t in texts]
+
+
+def gated_reward(completions, trainer_state=None, **kwargs) -> list[float]:
+    """Hold the run inside the optimizer step that starts at `$VLM_GRPO_GATE_STEP` until the test opens the gate.
+
+    At that step each rank touches `$VLM_GRPO_GATE_DIR/waiting{RANK}` and waits (60 s at most) for the file
+    `$VLM_GRPO_GATE_DIR/go`, which the test writes once it has sent its signal: the signal then lands inside that
+    step, whatever the machine's load. Without `VLM_GRPO_GATE_DIR` it is a plain reward.
+    """
+    gate = os.environ.get("VLM_GRPO_GATE_DIR")
+    if gate and trainer_state.global_step == int(os.environ["VLM_GRPO_GATE_STEP"]):
+        import time
+
+        Path(gate, f"waiting{os.environ.get('RANK', '0')}").touch()
+        deadline = time.monotonic() + 60
+        while not Path(gate, "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return _text_reward(completions)
+
+
+def failing_reward(completions, trainer_state=None, **kwargs) -> list[float]:
+    """Raise `RuntimeError` on rank `$VLM_GRPO_FAIL_RANK` only, from the step that starts at `$VLM_GRPO_FAIL_STEP`."""
+    rank = os.environ.get("RANK", "0")
+    if rank == os.environ.get("VLM_GRPO_FAIL_RANK") and trainer_state.global_step >= int(
+        os.environ["VLM_GRPO_FAIL_STEP"]
+    ):
+        raise RuntimeError(f"reward service unreachable on rank {rank}")
+    return _text_reward(completions)
+
+
+def file_size_limit_reward(completions, trainer_state=None, **kwargs) -> list[float]:
+    """From the step that starts at `$VLM_GRPO_FSIZE_STEP`, limit the size of any file this process writes to
+    `$VLM_GRPO_FSIZE_BYTES` (`ulimit -f`; Python ignores SIGXFSZ, so a larger write fails with EFBIG)."""
+    if trainer_state.global_step >= int(os.environ["VLM_GRPO_FSIZE_STEP"]):
+        import resource
+
+        limit = int(os.environ["VLM_GRPO_FSIZE_BYTES"])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return _text_reward(completions)
+
+
+def weight_difference(initial_dir: str | Path, a_dir: Path, b_dir: Path) -> tuple[float, int]:
+    """The largest absolute difference between the `model.safetensors` of `a_dir` and `b_dir`, and how many
+    tensors of `a_dir` differ from `initial_dir`'s (so that a test can tell that training moved the weights)."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(a_dir / "model.safetensors"), load_file(b_dir / "model.safetensors")
+    initial = load_file(Path(initial_dir) / "model.safetensors")
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))[:5]
+    moved = sum(
+        not (k in initial and a[k].shape == initial[k].shape and (a[k] == initial[k]).all()) for k in a
+    )
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a), moved
+
+
+def wait_for(
+    condition, what: str, proc: subprocess.Popen, log_path: Path, timeout: float = RUN_TIMEOUT
+) -> None:
+    """Poll `condition()` until it holds; fail with the log's end if `proc` exits first or `timeout` passes."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            raise AssertionError(f"never saw {what} (rc={proc.poll()})\n" + log_path.read_text()[-3000:])
+        time.sleep(0.02)

@@ -5,7 +5,8 @@ steps of the tiny Qwen2-VL, under a timeout, so a hang fails the test instead of
 test-side code inside the runs is the dotted-path reward `dist_helpers.probe_reward`, which writes per-rank
 evidence (see `tests/dist_helpers.py`).
 
-Each run is checked for: return code 0 (torchrun/accelerate exit non-zero when any worker fails); a finite loss
+Each run is checked for: return code 0 (torchrun/accelerate exit non-zero when any worker fails, aborts at exit
+included: `vlm_grpo.train.finish_processes` destroys the process group on every rank before exit); a finite loss
 at both steps of `trainer_state.json`; language-model weights that moved; both ranks' reward calls at both steps
 and both ranks' files in the step-2 checkpoint; a `checkpoint-2/model.safetensors` that
 `AutoModelForImageTextToText.from_pretrained` loads with no missing key (under ZeRO-3: the 16-bit gather on save,
@@ -97,6 +98,8 @@ def train(tmp_path: Path, model: str, make_cmd, layout=IMAGES, env_extra=None, *
 def check_run(run, out: Path, probe: dict, model: str, zero_stage: int | None) -> dict:
     """The checks every run must pass; returns the trainer state."""
     assert not run.timed_out, "the run hung (killed at the timeout)\n" + run.tail()
+    # A process that aborts at exit (a C++ thread torn down unjoined) fails the run after its work is done.
+    assert "terminate called" not in run.log, run.tail()
     assert run.returncode == 0, run.tail()
 
     # Finite loss at both steps.
@@ -203,8 +206,9 @@ def test_zero3_reference_model_is_the_vlm_sharded_like_the_policy(tiny_model, tm
 
 
 # ---------------------------------------------------------------------------------------- 4. train_grpo.sh, 1 node
-# ZeRO-3 through the same torchrun command is covered by `test_torchrun[zero3]`.
-@pytest.mark.parametrize(("name", "extra", "zero_stage"), [("ddp", (), None)])
+@pytest.mark.parametrize(
+    ("name", "extra", "zero_stage"), [("ddp", (), None), ("zero3", ("--deepspeed", ZERO3), 3)]
+)
 def test_train_grpo_sh_single_node(tiny_model, tmp_path, deepspeed_cpu_ops, name, extra, zero_stage):
     """`NPROC_PER_NODE=2 DEEPSPEED= bash local_scripts/train_grpo.sh CONFIG.yaml --field value [--deepspeed ...]`:
     plain DDP, and ZeRO-3 asked for by a flag that the script forwards."""

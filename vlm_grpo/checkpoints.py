@@ -3,6 +3,11 @@
 A run killed while saving leaves a `checkpoint-N` folder with some files missing. transformers picks the
 highest-numbered folder as the latest; we only pick folders that carry the completion marker, which the trainer
 writes after every process has finished writing its part of the checkpoint.
+
+A write that fails (a full disk, a read-only folder, a file-size limit) surfaces as different exception types
+depending on the writer: `OSError` from Python's own files, `SafetensorError` ("I/O error") from the weights, and
+`RuntimeError` from `torch.save` (optimizer, scheduler and RNG states; the errno is lost there).
+`checkpoint_write_error` recognises all three and gives the one-line message the run stops with.
 """
 
 from __future__ import annotations
@@ -11,8 +16,14 @@ import os
 import re
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 COMPLETE_MARKER = "checkpoint_complete"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+# What torch.save's stream writer says when a write falls short (a full disk, a file-size limit).
+_TORCH_WRITE_FAILURE = re.compile(
+    r"PytorchStreamWriter failed|inline_container\.cc.*unexpected pos|file write failed"
+)
 
 
 def mark_complete(checkpoint_dir: str | os.PathLike) -> None:
@@ -22,6 +33,35 @@ def mark_complete(checkpoint_dir: str | os.PathLike) -> None:
         f.write("complete\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """Whether `error`, raised while saving a checkpoint, means that writing a file failed.
+
+    Args:
+        error (`BaseException`): what saving raised: `OSError`, safetensors' `SafetensorError` with an I/O error,
+            or torch.save's `RuntimeError` from its stream writer count; anything else is not a write failure.
+    """
+    if isinstance(error, OSError):
+        return True
+    if isinstance(error, SafetensorError):
+        return "I/O error" in str(error) or "os error" in str(error)
+    return isinstance(error, RuntimeError) and bool(_TORCH_WRITE_FAILURE.search(str(error)))
+
+
+def checkpoint_write_error(checkpoint_dir: str | os.PathLike, error: BaseException) -> str | None:
+    """The one-line message a failed checkpoint write stops the run with, or None when `error` is no write failure.
+
+    Args:
+        checkpoint_dir (`str | os.PathLike`): the checkpoint folder being written.
+        error (`BaseException`): what saving raised.
+    """
+    if not is_write_failure(error):
+        return None
+    reason = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, RuntimeError):
+        reason = f"a file came out short ({reason}): disk full or a file-size limit"
+    return f"Cannot write checkpoint {checkpoint_dir}: {reason}; free space or fix the folder, then resume."
 
 
 def is_complete(checkpoint_dir: str | os.PathLike) -> bool:

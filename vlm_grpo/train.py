@@ -9,6 +9,10 @@ Same arguments for every launcher:
 
 The YAML gives defaults for any field of `ScriptArguments`, `VLMGRPOConfig` and `VLMModelConfig`; flags override.
 A key or flag that names no field is an error, reported before any other check, with the closest valid name.
+
+Exit status: 0 when training finished, 1 on bad input (one line, see `vlm_grpo.errors`), 75 (`EXIT_PREEMPTED`)
+when SIGTERM or SIGUSR1 stopped the run after a complete checkpoint (resume with `--resume_from_checkpoint true`;
+see `vlm_grpo.preemption`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .checkpoints import resolve_resume
 from .config import VLMGRPOConfig, VLMModelConfig
 from .data import load_data_config
 from .errors import VLMGRPOError, one_line, run_cli
+from .preemption import EXIT_PREEMPTED, PreemptionCallback, preempted_step
 from .rewards import build_rewards
 from .trainer import VLMGRPOTrainer
 
@@ -222,10 +227,38 @@ def init_deepspeed_comm(training_args: VLMGRPOConfig) -> None:
 def run(
     script_args: ScriptArguments, training_args: VLMGRPOConfig, model_args: VLMModelConfig
 ) -> VLMGRPOTrainer:
-    """Train with parsed arguments and save the model (or adapter) and processor to `output_dir`."""
+    """Train with parsed arguments and save the model (or adapter) and processor to `output_dir`.
+
+    SIGTERM and SIGUSR1 are handled while this runs (the previous handlers are restored after): the run finishes
+    its optimizer step, writes a complete checkpoint and returns without saving a final model;
+    `preempted_step(trainer.callback_handler.callbacks)` then gives the step (see `vlm_grpo.preemption`).
+    """
     # Parsing built `training_args`, which set up the process group (its DeepSpeed config uses the world size);
     # DeepSpeed must see that group before the model is loaded under ZeRO-3.
     init_deepspeed_comm(training_args)
+    preemption = PreemptionCallback()
+    with preemption.handle_signals():
+        trainer = build_trainer(script_args, training_args, model_args, callbacks=[preemption])
+        trainer.train(
+            resume_from_checkpoint=resolve_resume(
+                training_args.resume_from_checkpoint, training_args.output_dir
+            )
+        )
+        if preemption.stopped_at is None:
+            trainer.save_state()
+            trainer.save_model(training_args.output_dir)
+            if trainer.accelerator.is_main_process:
+                trainer.processing_class.save_pretrained(training_args.output_dir)
+    return trainer
+
+
+def build_trainer(
+    script_args: ScriptArguments,
+    training_args: VLMGRPOConfig,
+    model_args: VLMModelConfig,
+    callbacks: list | None = None,
+) -> VLMGRPOTrainer:
+    """Load the data and rewards and build the trainer (the model is loaded here)."""
     train_dataset = load_data_config(script_args.data_config, seed=training_args.seed)
     eval_dataset = None
     if script_args.eval_data_config:
@@ -236,29 +269,50 @@ def run(
         **model_init_kwargs(model_args),
         **(training_args.model_init_kwargs or {}),
     }
-
-    trainer = VLMGRPOTrainer(
+    return VLMGRPOTrainer(
         model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         peft_config=get_peft_config(model_args),
+        callbacks=callbacks,
     )
-    trainer.train(
-        resume_from_checkpoint=resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
-    )
-    trainer.save_state()
-    trainer.save_model(training_args.output_dir)
-    if trainer.accelerator.is_main_process:
-        trainer.processing_class.save_pretrained(training_args.output_dir)
-    return trainer
+
+
+def finish_processes() -> None:
+    """Wait for every process, then destroy the process group, before the interpreter exits.
+
+    A process that exits with its gloo process group alive leaves the group's C++ worker threads to be torn down
+    during interpreter exit, in no fixed order; a thread object destroyed before it was joined makes C++ abort the
+    process ("terminate called without an active exception", exit by SIGABRT) although training succeeded. Under
+    ZeRO-3 the processes also end out of step: rank 0 alone writes the gathered final model while the others are
+    already exiting. The barrier lets every process finish its writes and collectives first. Only called after
+    training ended normally or by preemption, on every process alike (after an error, some processes may still be
+    inside a collective). A no-op without a process group.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo train`."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    run(*parse_args(argv))
+    trainer = run(*parse_args(argv))
+    step = preempted_step(trainer.callback_handler.callbacks)
+    output_dir = trainer.args.output_dir
+    finish_processes()
+    if step is not None:
+        print(
+            f"vlm-grpo train: preempted: stopped after step {step} with a complete checkpoint "
+            f"{output_dir}/checkpoint-{step}; run the same command with --resume_from_checkpoint true to "
+            f"continue (exit status {EXIT_PREEMPTED}).",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":  # python -m vlm_grpo.train (torchrun): same arguments, same error reporting
