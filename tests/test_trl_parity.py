@@ -154,10 +154,10 @@ def test_chat_template_kwargs_reach_the_training_prompt(qwen, tmp_path):
 
     ids_plain = plain._encode_prompts(load_rows(rows))[0].input_ids
     ids_off = thinking_off._encode_prompts(load_rows(rows))[0].input_ids
-    expected = processor.apply_chat_template(
-        [rows[0]["prompt"]], add_generation_prompt=True, tokenize=True, enable_thinking=False, return_dict=True,
-        images=[rows[0]["images"]],
-    )["input_ids"][0]  # fmt: skip
+    text = processor.apply_chat_template(
+        [rows[0]["prompt"]], add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
+    expected = processor(text=text, images=[rows[0]["images"]])["input_ids"][0]
     assert len(ids_off) > len(ids_plain) and list(ids_off) == list(expected)
 
 

@@ -837,9 +837,10 @@ class VLMGRPOTrainer(GRPOTrainer):
             total, count = self.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
             self._metrics[mode][name].append(total / count)
         self._pending_metrics.clear()
-        images = [row_images(x) or None for x in inputs]
-        if self.log_multimodal and any(images):
-            self._logs["images"].extend(gather_object(images))
+        if self.log_multimodal and (
+            "images" in inputs[0] or "image" in inputs[0]
+        ):  # the same on every process
+            self._logs["images"].extend(gather_object([row_images(x) or None for x in inputs]))
 
     def _write_samples(self, inputs, texts, rewards_per_func, advantages, num_generations) -> None:
         """Every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (main process)."""
