@@ -106,16 +106,16 @@ def _image_html(path: str, run_dir: Path, cache: dict[str, str]) -> str:
     if path not in cache:
         candidates = [Path(path)] + ([run_dir / path] if not Path(path).is_absolute() else [])
         found = next((c for c in candidates if c.is_file()), None)
+        name = html.escape(
+            Path(path).name, quote=True
+        )  # the file name only: a page never shows machine paths
         if found is None:
-            cache[path] = f'<span class="note">missing: {html.escape(path)}</span>'
+            cache[path] = f'<span class="note">missing: {name}</span>'
         else:
             try:
-                uri = image_data_uri(found)
-                cache[path] = f'<img src="{uri}" alt="{html.escape(path, quote=True)}">'
+                cache[path] = f'<img src="{image_data_uri(found)}" alt="{name}">'
             except (OSError, ValueError, Image.DecompressionBombError) as error:
-                cache[path] = (
-                    f'<span class="note">unreadable: {html.escape(path)} ({html.escape(str(error))})</span>'
-                )
+                cache[path] = f'<span class="note">unreadable: {name} ({html.escape(str(error))})</span>'
     return cache[path]
 
 
