@@ -48,6 +48,7 @@ def test_recipes_cover_the_promised_tasks():
         "internvl3_2b_brand_qlora",
         "gemma3_4b_lora",
         "qwen3_vl_30b_a3b_zero3",
+        "qwen3_5_4b_lora",
     } <= names
 
 
@@ -83,6 +84,7 @@ def test_recipe_model_families_are_supported():
         "InternVL": "internvl",
         "gemma-3": "gemma3",
         "Qwen3-VL-30B-A3B": "qwen3_vl_moe",
+        "Qwen3.5": "qwen3_5",
     }
     for recipe in RECIPES:
         model = yaml.safe_load(recipe.read_text())["model_name_or_path"]

@@ -13,35 +13,37 @@ import pytest
 import test_multimodal_batches
 import test_vllm_payload
 import torch
-from conftest import NEW_FAMILIES, color_dataset, grpo_args, length_reward
+from conftest import FULL_ROW_FAMILIES, NEW_FAMILIES, color_dataset, grpo_args, length_reward
 from peft import LoraConfig
 from test_vllm_payload import family_setup  # noqa: F401  (fixture)
 
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.adapters import language_linear_names
 
+COVERED = NEW_FAMILIES + FULL_ROW_FAMILIES
 
-@pytest.mark.parametrize("family", NEW_FAMILIES)
+
+@pytest.mark.parametrize("family", COVERED)
 def test_two_images_per_prompt(family, tiny_model, tmp_path):
     test_multimodal_batches.test_two_images_per_prompt(family, tiny_model, tmp_path)
 
 
-@pytest.mark.parametrize("family", NEW_FAMILIES)
+@pytest.mark.parametrize("family", COVERED)
 def test_batch_mixing_image_and_text_only_prompts(family, tiny_model, tmp_path):
     test_multimodal_batches.test_batch_mixing_image_and_text_only_prompts(family, tiny_model, tmp_path)
 
 
-@pytest.mark.parametrize("family", NEW_FAMILIES)
+@pytest.mark.parametrize("family", COVERED)
 def test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_path):
     test_multimodal_batches.test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_path)
 
 
-@pytest.mark.parametrize("family", NEW_FAMILIES)
+@pytest.mark.parametrize("family", COVERED)
 def test_text_only_rows_get_no_images(family, family_setup):  # noqa: F811
     test_vllm_payload.test_text_only_rows_get_no_images(family, family_setup)
 
 
-@pytest.mark.parametrize("family", NEW_FAMILIES)
+@pytest.mark.parametrize("family", COVERED)
 def test_lora_trains_only_language_adapters(family, tiny_model, tmp_path):
     """Every linear layer of the language model carries an adapter, none of the vision tower; only adapters move.
 

@@ -27,6 +27,8 @@ TURN_END = {
     "internvl": "<|im_end|>",
     "gemma3": "<end_of_turn>",
     "qwen3_vl_moe": "<|im_end|>",
+    "qwen3_5": "<|im_end|>",
+    "qwen3_5_moe": "<|im_end|>",
 }
 # Token repeated once per visual embedding in ``input_ids``.
 IMAGE_TOKEN = {
@@ -36,6 +38,8 @@ IMAGE_TOKEN = {
     "internvl": "<IMG_CONTEXT>",
     "gemma3": "<image_soft_token>",
     "qwen3_vl_moe": "<|image_pad|>",
+    "qwen3_5": "<|image_pad|>",
+    "qwen3_5_moe": "<|image_pad|>",
 }
 # Module name prefixes of the vision side (tower + projector) in the loaded model.
 VISION_PREFIXES = {
@@ -45,7 +49,11 @@ VISION_PREFIXES = {
     "internvl": ("model.vision_tower.", "model.multi_modal_projector."),
     "gemma3": ("model.vision_tower.", "model.multi_modal_projector."),
     "qwen3_vl_moe": ("model.visual.",),
+    "qwen3_5": ("model.visual.",),
+    "qwen3_5_moe": ("model.visual.",),
 }
+# Families whose tokenizer is a byte-level BPE (transformers always loads Qwen3.5's as `Qwen3_5Tokenizer`).
+BYTE_LEVEL = {"qwen3_5", "qwen3_5_moe"}
 ARCHITECTURE = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
@@ -53,6 +61,8 @@ ARCHITECTURE = {
     "internvl": "InternVLForConditionalGeneration",
     "gemma3": "Gemma3ForConditionalGeneration",
     "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
 }
 
 
@@ -201,10 +211,18 @@ def test_chat_template_layout(loaded: tuple[str, Any, Any]) -> None:
 
 
 def test_tokenizer_words_tags_and_decode(loaded: tuple[str, Any, Any]) -> None:
-    _, _, processor = loaded
+    family, _, processor = loaded
     tokenizer = processor.tokenizer
-    ids = tokenizer("What color is the box? [red], <think> a </think><answer> 3 </answer>")["input_ids"]
+    text = "What color is the box? [red], <think> a </think><answer> 3 </answer>"
+    ids = tokenizer(text)["input_ids"]
     tokens = tokenizer.convert_ids_to_tokens(ids)
+    if family in BYTE_LEVEL:  # every word one token, its leading space included; decoding gives the text back
+        words = [t.removeprefix("Ġ") for t in tokens if t.removeprefix("Ġ")]
+        assert words == ["What", "color", "is", "the", "box", "?", "[", "red", "]", ",", *TAG_TOKENS[:1], "a",
+                         TAG_TOKENS[1], TAG_TOKENS[2], "3", TAG_TOKENS[3]]  # fmt: skip
+        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+        assert all(len(tokenizer(tag)["input_ids"]) == 1 for tag in TAG_TOKENS)
+        return
     assert tokens == [
         "What", "color", "is", "the", "box", "?", "[", "red", "]", ",",
         "<think>", "a", "</think>", "<answer>", "3", "</answer>",

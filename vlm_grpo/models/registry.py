@@ -14,6 +14,7 @@ from .base import ModelFamily
 from .gemma3 import Gemma3Family
 from .internvl import InternVLFamily
 from .qwen2_vl import Qwen2VLFamily
+from .qwen3_5 import Qwen3_5Family
 from .qwen3_vl_moe import Qwen3VLMoeFamily
 
 FAMILY_CLASSES: tuple[type[ModelFamily], ...] = (
@@ -21,6 +22,7 @@ FAMILY_CLASSES: tuple[type[ModelFamily], ...] = (
     InternVLFamily,
     Gemma3Family,
     Qwen3VLMoeFamily,
+    Qwen3_5Family,
 )
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for cls in FAMILY_CLASSES for t in cls.model_types)
 

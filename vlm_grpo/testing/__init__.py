@@ -26,6 +26,8 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "internvl": build_internvl,
     "gemma3": build_gemma3,
     "qwen3_vl_moe": partial(build_qwen_moe, "qwen3_vl_moe"),
+    "qwen3_5": partial(build_qwen_moe, "qwen3_5"),
+    "qwen3_5_moe": partial(build_qwen_moe, "qwen3_5_moe"),
 }
 """The one place a tiny builder is registered: ``family -> builder(out_dir, **kwargs)``."""
 

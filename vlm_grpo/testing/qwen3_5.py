@@ -3,6 +3,10 @@
 All three take Qwen3-VL's processor (patch 16, mean = std = 0.5) and chat layout. Qwen3-VL MoE replaces the MLP of
 every text layer by a few tiny experts; Qwen3.5 alternates Gated DeltaNet linear-attention layers with full
 attention (the last layer of the tiny model is full attention), and Qwen3.5 MoE adds experts and a shared expert.
+
+transformers loads every ``qwen3_5`` tokenizer as ``Qwen3_5Tokenizer``, which rebuilds a byte-level BPE from the
+saved vocabulary and merges: the Qwen3.5 models get a byte-level BPE (``byte_level_tokenizer``) whose merges make
+every vocabulary word one token, with or without its leading space (``"Ġcolor"``), instead of a word-level one.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
+    PreTrainedTokenizerFast,
     Qwen2VLImageProcessor,
     Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
@@ -25,6 +31,8 @@ from transformers import (
 
 from ._common import (
     DEFAULT_WORDS,
+    TAG_TOKENS,
+    UNK_TOKEN,
     TokenizerSpec,
     build_word_tokenizer,
     check_sizes,
@@ -44,6 +52,51 @@ VISION_HEADS = 2
 NUM_EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 16, 2, 2
+# Qwen3.5's pre-tokenizer split (as in `Qwen3_5Tokenizer`): contractions, letters with one leading non-letter,
+# single digits, punctuation runs with one leading space, newlines, spaces.
+QWEN3_5_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def byte_level_tokenizer(
+    words: Sequence[str] | None = None, base_words: Sequence[str] = DEFAULT_WORDS
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with Qwen3.5's pipeline in which every vocabulary word is one token (`"red"`, `"Ġred"`).
+
+    Args:
+        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words; one holding punctuation
+            (`"Coca-Cola"`) is matched whole, like the tags.
+        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): the vocabulary before ``words``.
+    """
+    vocabulary = list(dict.fromkeys([*base_words, *(words or ())]))
+    backend = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN3_5_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1_000_000,  # never reached: merging stops once every word is one token
+        min_frequency=1,
+        special_tokens=[*QWEN_SPECIAL_TOKENS, UNK_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator([*vocabulary, *(" " + w for w in vocabulary)], trainer)
+    glued = [w for w in vocabulary if not w.isalnum() and len(w) > 1]
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in [*TAG_TOKENS, *glued]])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        chat_template=QWEN_CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        unk_token=UNK_TOKEN,  # never produced (every byte is a token), but declared alike at every version
+        **QWEN_NAMED_TOKENS,
+    )
 
 
 def _processor(tokenizer: Any, side: int) -> Qwen3VLProcessor:
@@ -104,14 +157,16 @@ def build_qwen_moe(
     head_dim = check_sizes(hidden_size, num_hidden_layers, NUM_HEADS)
     side = round_to_multiple(image_size, PATCH_SIZE * MERGE_SIZE)
 
-    tokenizer = build_word_tokenizer(
-        TokenizerSpec(QWEN_SPECIAL_TOKENS, dict(QWEN_NAMED_TOKENS)), words, QWEN_CHAT_TEMPLATE, base_words
-    )
+    is_hybrid = family.startswith("qwen3_5")
+    if is_hybrid:
+        tokenizer = byte_level_tokenizer(words, base_words)
+    else:
+        spec = TokenizerSpec(QWEN_SPECIAL_TOKENS, dict(QWEN_NAMED_TOKENS))
+        tokenizer = build_word_tokenizer(spec, words, QWEN_CHAT_TEMPLATE, base_words)
     ids = {tok: token_id(tokenizer, tok) for tok in QWEN_SPECIAL_TOKENS}
     pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
     processor = _processor(tokenizer, side)
 
-    is_hybrid = family.startswith("qwen3_5")
     # Qwen3.5 rotates only part of each head (a quarter in the real models; half here, so that M-RoPE keeps
     # one frequency per axis at head_dim 16).
     rotary_dim = head_dim // 2 if is_hybrid else head_dim
