@@ -12,6 +12,7 @@ from transformers import AutoConfig, PretrainedConfig
 from ..errors import VLMGRPOError
 from .base import ModelFamily
 from .gemma3 import Gemma3Family
+from .gemma4 import Gemma4Family
 from .internvl import InternVLFamily
 from .qwen2_vl import Qwen2VLFamily
 from .qwen3_5 import Qwen3_5Family
@@ -23,6 +24,7 @@ FAMILY_CLASSES: tuple[type[ModelFamily], ...] = (
     Gemma3Family,
     Qwen3VLMoeFamily,
     Qwen3_5Family,
+    Gemma4Family,
 )
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for cls in FAMILY_CLASSES for t in cls.model_types)
 
