@@ -13,6 +13,7 @@ from ..errors import VLMGRPOError
 from .base import ModelFamily
 from .gemma3 import Gemma3Family
 from .gemma4 import Gemma4Family
+from .glm4v import Glm4vFamily
 from .internvl import InternVLFamily
 from .qwen2_vl import Qwen2VLFamily
 from .qwen3_5 import Qwen3_5Family
@@ -25,6 +26,7 @@ FAMILY_CLASSES: tuple[type[ModelFamily], ...] = (
     Qwen3VLMoeFamily,
     Qwen3_5Family,
     Gemma4Family,
+    Glm4vFamily,
 )
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for cls in FAMILY_CLASSES for t in cls.model_types)
 

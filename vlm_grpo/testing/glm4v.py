@@ -1,0 +1,177 @@
+"""Tiny GLM-4.1V (``glm4v``) with a word-level tokenizer, built offline.
+
+GLM's chat layout: ``[gMASK]<sop>`` then ``<|{role}|>\\n{content}`` per message and ``<|assistant|>\\n`` to answer;
+the model ends its turn by starting the next one (``<|user|>``). Each image part is written
+``<|begin_of_image|><|image|><|end_of_image|>``, and ``Glm4vProcessor`` repeats ``<|image|>`` once per merged
+2x2 block of 14-pixel patches, as Qwen2-VL does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import (
+    Glm4vConfig,
+    Glm4vForConditionalGeneration,
+    Glm4vImageProcessor,
+    Glm4vProcessor,
+    Glm4vVideoProcessor,
+)
+
+from ._common import (
+    DEFAULT_WORDS,
+    TokenizerSpec,
+    build_word_tokenizer,
+    check_sizes,
+    round_to_multiple,
+    save_all,
+    seeded,
+    token_id,
+)
+
+GLM4V_CHAT_TEMPLATE = (
+    "{{ '[gMASK]<sop>' }}"
+    "{%- for message in messages -%}"
+    "{{ '<|' + message['role'] + '|>\\n' }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] }}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{{ '<|begin_of_image|><|image|><|end_of_image|>' }}"
+    "{%- elif part['type'] == 'video' or 'video' in part -%}"
+    "{{ '<|begin_of_video|><|video|><|end_of_video|>' }}"
+    "{%- elif 'text' in part -%}"
+    "{{ part['text'] }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{ '<|assistant|>\\n' }}"
+    "{%- endif -%}"
+)
+
+GLM4V_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "[gMASK]",
+    "<sop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|video|>",
+]
+
+GLM4V_NAMED_TOKENS = {
+    "eos_token": "<|user|>",
+    "pad_token": "<|endoftext|>",
+    "image_token": "<|image|>",
+    "video_token": "<|video|>",
+}
+
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+VISION_WIDTH = 32
+VISION_HEADS = 2
+PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2
+
+
+def build_glm4v(
+    out_dir: str | os.PathLike,
+    *,
+    words: Sequence[str] | None = None,
+    base_words: Sequence[str] = DEFAULT_WORDS,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    image_size: int = 56,
+) -> str:
+    """Build and save a tiny ``glm4v`` model with its processor.
+
+    Args:
+        out_dir (`str | os.PathLike`): output directory.
+        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
+        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
+        seed (`int`, *optional*, defaults to 0): seed of the random weights.
+        hidden_size (`int`, *optional*, defaults to 64): text hidden size (4 heads, 2 KV heads; half of each head
+            rotates, as in GLM-4.1V).
+        num_hidden_layers (`int`, *optional*, defaults to 2): text and vision depth.
+        image_size (`int`, *optional*, defaults to 56): images are resized to at most about ``image_size**2``
+            pixels (a multiple of 28 a side): 4 visual tokens at the default.
+
+    Returns:
+        `str`: ``str(out_dir)``.
+    """
+    head_dim = check_sizes(hidden_size, num_hidden_layers, NUM_HEADS)
+    factor = PATCH_SIZE * MERGE_SIZE
+    side = round_to_multiple(image_size, factor)
+    tokenizer = build_word_tokenizer(
+        TokenizerSpec(GLM4V_SPECIAL_TOKENS, dict(GLM4V_NAMED_TOKENS)), words, GLM4V_CHAT_TEMPLATE, base_words
+    )
+    ids = {tok: token_id(tokenizer, tok) for tok in GLM4V_SPECIAL_TOKENS}
+    pad_id, eos_id = ids["<|endoftext|>"], ids["<|user|>"]
+
+    # GLM-4.1V's resize budget counts the pixels of both frames of a temporal patch pair.
+    image_kwargs: dict[str, Any] = {
+        "size": {"shortest_edge": factor * factor, "longest_edge": TEMPORAL_PATCH_SIZE * side * side},
+        "patch_size": PATCH_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "merge_size": MERGE_SIZE,
+    }
+    processor = Glm4vProcessor(
+        image_processor=Glm4vImageProcessor(**image_kwargs),
+        tokenizer=tokenizer,
+        video_processor=Glm4vVideoProcessor(**dict(image_kwargs, size={"shortest_edge": factor * factor,
+                                                                        "longest_edge": 8 * side * side})),
+        chat_template=GLM4V_CHAT_TEMPLATE,
+    )  # fmt: skip
+
+    rotary_half = head_dim // 4  # half of each head rotates: head_dim / 2 dims, head_dim / 4 frequencies
+    config = Glm4vConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": hidden_size,
+            "intermediate_size": 2 * hidden_size,
+            "num_hidden_layers": num_hidden_layers,
+            "num_attention_heads": NUM_HEADS,
+            "num_key_value_heads": NUM_KV_HEADS,
+            "max_position_embeddings": 4096,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [rotary_half - 2 * (rotary_half // 4), rotary_half // 4, rotary_half // 4],
+            },
+            "pad_token_id": pad_id,
+            "eos_token_id": [eos_id, pad_id],
+        },
+        vision_config={
+            "depth": num_hidden_layers,
+            "hidden_size": VISION_WIDTH,
+            "intermediate_size": 2 * VISION_WIDTH,
+            "num_heads": VISION_HEADS,
+            "image_size": side,
+            "patch_size": PATCH_SIZE,
+            "spatial_merge_size": MERGE_SIZE,
+            "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+            "out_hidden_size": hidden_size,
+        },
+        image_token_id=ids["<|image|>"],
+        video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"],
+        image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"],
+        video_end_token_id=ids["<|end_of_video|>"],
+    )
+    with seeded(seed):
+        model = Glm4vForConditionalGeneration(config).float().eval()
+    return save_all(
+        out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
+    )
