@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-NEW_FAMILIES = ("qwen3_vl_moe", "internvl_moe", "gemma4", "glm4v")
+NEW_FAMILIES = ("qwen3_vl_moe", "internvl_moe", "gemma4", "glm4v", "glm46v")
 """Families added after the first five: `test_families_coverage` runs the per-family checks other files run on a
 subset of the first five. `internvl_moe` is the InternVL3.5 MoE shape: an `internvl` model whose language model is a
 `qwen3_moe` mixture of experts (see `TINY_SHAPES`)."""
@@ -40,15 +40,20 @@ def _build_gemma4(out_dir: Path) -> str:
     return build_gemma4(out_dir)
 
 
-def _build_glm4v(out_dir: Path) -> str:
+def _build_glm(family: str, out_dir: Path) -> str:
     from vlm_grpo.testing.glm4v import build_glm4v
 
-    return build_glm4v(out_dir)
+    return build_glm4v(out_dir, family)
 
 
-TINY_SHAPES = {"internvl_moe": _build_internvl_moe, "gemma4": _build_gemma4, "glm4v": _build_glm4v}
+TINY_SHAPES = {
+    "internvl_moe": _build_internvl_moe,
+    "gemma4": _build_gemma4,
+    "glm4v": partial(_build_glm, "glm4v"),
+    "glm46v": partial(_build_glm, "glm46v"),
+}
 """Test models built outside `build_tiny_model`: name -> builder(out_dir). `internvl_moe` is an `internvl` model with
-another language model; `gemma4` and `glm4v` are not yet in `vlm_grpo.testing.BUILDERS`, whose own tests hold
+another language model; `gemma4`, `glm4v` and `glm46v` are not yet in `vlm_grpo.testing.BUILDERS`, whose own tests hold
 per-family expectations (chat layout, soft tokens per image) that these families do not share yet."""
 
 

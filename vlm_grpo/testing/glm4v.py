@@ -1,4 +1,4 @@
-"""Tiny GLM-4.1V (``glm4v``) with a word-level tokenizer, built offline.
+"""Tiny GLM-4.1V (``glm4v``) and GLM-4.6V (``glm46v``, the same layers under its own classes), offline.
 
 GLM's chat layout: ``[gMASK]<sop>`` then ``<|{role}|>\\n{content}`` per message and ``<|assistant|>\\n`` to answer;
 the model ends its turn by starting the next one (``<|user|>``). Each image part is written
@@ -18,6 +18,9 @@ from transformers import (
     Glm4vImageProcessor,
     Glm4vProcessor,
     Glm4vVideoProcessor,
+    Glm46VConfig,
+    Glm46VForConditionalGeneration,
+    Glm46VProcessor,
 )
 
 from ._common import (
@@ -85,6 +88,7 @@ PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2
 
 def build_glm4v(
     out_dir: str | os.PathLike,
+    family: str = "glm4v",
     *,
     words: Sequence[str] | None = None,
     base_words: Sequence[str] = DEFAULT_WORDS,
@@ -93,10 +97,11 @@ def build_glm4v(
     num_hidden_layers: int = 2,
     image_size: int = 56,
 ) -> str:
-    """Build and save a tiny ``glm4v`` model with its processor.
+    """Build and save a tiny ``glm4v`` or ``glm46v`` model with its processor.
 
     Args:
         out_dir (`str | os.PathLike`): output directory.
+        family (`str`, *optional*, defaults to `"glm4v"`): ``"glm4v"`` or ``"glm46v"``.
         words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
         base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
         seed (`int`, *optional*, defaults to 0): seed of the random weights.
@@ -109,6 +114,13 @@ def build_glm4v(
     Returns:
         `str`: ``str(out_dir)``.
     """
+    classes = {
+        "glm4v": (Glm4vConfig, Glm4vForConditionalGeneration, Glm4vProcessor),
+        "glm46v": (Glm46VConfig, Glm46VForConditionalGeneration, Glm46VProcessor),
+    }
+    if family not in classes:
+        raise ValueError(f"build_glm4v builds {', '.join(classes)}, not {family!r}")
+    config_cls, model_cls, processor_cls = classes[family]
     head_dim = check_sizes(hidden_size, num_hidden_layers, NUM_HEADS)
     factor = PATCH_SIZE * MERGE_SIZE
     side = round_to_multiple(image_size, factor)
@@ -125,7 +137,7 @@ def build_glm4v(
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         "merge_size": MERGE_SIZE,
     }
-    processor = Glm4vProcessor(
+    processor = processor_cls(
         image_processor=Glm4vImageProcessor(**image_kwargs),
         tokenizer=tokenizer,
         video_processor=Glm4vVideoProcessor(**dict(image_kwargs, size={"shortest_edge": factor * factor,
@@ -134,8 +146,9 @@ def build_glm4v(
     )  # fmt: skip
 
     rotary_half = head_dim // 4  # half of each head rotates: head_dim / 2 dims, head_dim / 4 frequencies
-    config = Glm4vConfig(
+    config = config_cls(
         text_config={
+            "model_type": "glm4v_text",
             "vocab_size": len(tokenizer),
             "hidden_size": hidden_size,
             "intermediate_size": 2 * hidden_size,
@@ -153,6 +166,7 @@ def build_glm4v(
             "eos_token_id": [eos_id, pad_id],
         },
         vision_config={
+            "model_type": "glm4v_vision",
             "depth": num_hidden_layers,
             "hidden_size": VISION_WIDTH,
             "intermediate_size": 2 * VISION_WIDTH,
@@ -171,7 +185,7 @@ def build_glm4v(
         video_end_token_id=ids["<|end_of_video|>"],
     )
     with seeded(seed):
-        model = Glm4vForConditionalGeneration(config).float().eval()
+        model = model_cls(config).float().eval()
     return save_all(
         out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
     )
