@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather, gather_object, is_peft_model
 from peft import LoraConfig, PeftConfig
+from safetensors import SafetensorError
 from transformers import AutoModelForSequenceClassification, GenerationConfig, PreTrainedModel, ProcessorMixin
 from trl import GRPOTrainer
 from trl.data_utils import prepare_multimodal_messages
@@ -48,7 +49,7 @@ from trl.trainer.utils import (
 
 from .adapters import resolve_lora_config
 from .advantages import group_advantages
-from .checkpoints import mark_complete
+from .checkpoints import checkpoint_write_error, mark_complete
 from .config import VLMGRPOConfig, sharing_mode
 from .errors import VLMGRPOError
 from .image_features import ImageFeatureCache
@@ -763,8 +764,10 @@ class VLMGRPOTrainer(GRPOTrainer):
         failure = None
         try:
             super()._save_checkpoint(model, trial)
-        except OSError as error:
-            failure = f"Cannot write checkpoint {folder}: {error}; free space or fix the folder, then resume."
+        except (OSError, RuntimeError, SafetensorError) as error:
+            failure = checkpoint_write_error(folder, error)
+            if failure is None:  # not a failed write: a bug, with its traceback
+                raise
         failures = [f for f in gather_object([failure]) if f]
         if failures:
             raise VLMGRPOError(failures[0])
