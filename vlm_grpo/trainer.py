@@ -31,6 +31,7 @@ from accelerate.utils import gather, gather_object, is_peft_model
 from peft import LoraConfig, PeftConfig
 from safetensors import SafetensorError
 from transformers import AutoModelForSequenceClassification, GenerationConfig, PreTrainedModel, ProcessorMixin
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 from trl import GRPOTrainer
 from trl.data_utils import prepare_multimodal_messages
 from trl.extras.profiling import profiling_context
@@ -753,6 +754,20 @@ class VLMGRPOTrainer(GRPOTrainer):
                 f"Checkpoint {resume_from_checkpoint} does not match the model: missing {missing[:3]}, "
                 f"unexpected {unexpected[:3]}; resume with the model and config that wrote it."
             )
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Load the optimizer and scheduler states as transformers does, to plain `cpu` in a multi-process CPU run.
+
+        transformers below 5.18 loads a multi-process run's optimizer state with `map_location=args.device`; on CPU
+        that is accelerate's indexed `cpu:0`, a location torch cannot restore to, so resuming a DDP run failed.
+        """
+        plain = self.is_deepspeed_enabled or self.args.world_size == 1 or self.args.device.type != "cpu"
+        if checkpoint is None or plain:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        optimizer, scheduler = (os.path.join(checkpoint, name) for name in (OPTIMIZER_NAME, SCHEDULER_NAME))
+        if os.path.isfile(optimizer) and os.path.isfile(scheduler):
+            self.optimizer.load_state_dict(torch.load(optimizer, map_location="cpu", weights_only=True))
+            self.lr_scheduler.load_state_dict(torch.load(scheduler, weights_only=True))
 
     def _save_checkpoint(self, model, trial):
         """Save as transformers does, then mark the checkpoint complete once every process has written it.
