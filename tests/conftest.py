@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,42 +18,13 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 NEW_FAMILIES = ("qwen3_vl_moe", "internvl_moe", "gemma4", "glm4v", "glm46v")
 """Families added after the first five: `test_families_coverage` runs the per-family checks other files run on a
 subset of the first five. `internvl_moe` is the InternVL3.5 MoE shape: an `internvl` model whose language model is a
-`qwen3_moe` mixture of experts (see `TINY_SHAPES`)."""
+`qwen3_moe` mixture of experts (see `vlm_grpo.testing.BUILDERS`)."""
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", *NEW_FAMILIES)
 """Families whose cache the shared prefix indexes from groups to rows; the per-family tests run on each."""
 FULL_ROW_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 """Families that declare `shares_prefix = False` (linear-attention state): every pass runs full rows.
 `test_families_full_rows` runs the `FAMILIES` tests on them through the trainer, which honours the fallback."""
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
-
-
-def _build_internvl_moe(out_dir: Path) -> str:
-    from vlm_grpo.testing.internvl_moe import build_internvl_moe
-
-    return build_internvl_moe(out_dir)
-
-
-def _build_gemma4(out_dir: Path) -> str:
-    from vlm_grpo.testing.gemma4 import build_gemma4
-
-    return build_gemma4(out_dir)
-
-
-def _build_glm(family: str, out_dir: Path) -> str:
-    from vlm_grpo.testing.glm4v import build_glm4v
-
-    return build_glm4v(out_dir, family)
-
-
-TINY_SHAPES = {
-    "internvl_moe": _build_internvl_moe,
-    "gemma4": _build_gemma4,
-    "glm4v": partial(_build_glm, "glm4v"),
-    "glm46v": partial(_build_glm, "glm46v"),
-}
-"""Test models built outside `build_tiny_model`: name -> builder(out_dir). `internvl_moe` is an `internvl` model with
-another language model; `gemma4`, `glm4v` and `glm46v` are not yet in `vlm_grpo.testing.BUILDERS`, whose own tests hold
-per-family expectations (chat layout, soft tokens per image) that these families do not share yet."""
 
 
 @pytest.fixture(scope="session")
@@ -66,8 +36,7 @@ def tiny_model(tmp_path_factory):
 
     def get(family: str) -> str:
         if family not in built:
-            build = TINY_SHAPES[family] if family in TINY_SHAPES else partial(build_tiny_model, family)
-            built[family] = build(tmp_path_factory.mktemp(family))
+            built[family] = build_tiny_model(family, tmp_path_factory.mktemp(family))
         return built[family]
 
     return get

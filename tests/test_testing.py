@@ -15,6 +15,12 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from vlm_grpo.testing import DEFAULT_WORDS, TAG_TOKENS, TINY_FAMILIES, UNK_TOKEN, build_tiny_model
 
 FAMILIES = list(TINY_FAMILIES)
+LAYOUT_FAMILIES = [
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
+]  # fmt: skip
+"""Shapes whose chat layout, tokenizer and processor the per-family tables below describe in detail. The layouts of
+gemma4, glm4v and glm46v are checked in their own test files (test_families_*.py); every shape, these included, goes
+through `test_every_shape_saves_loads_and_trains` and the seed and size tests."""
 
 # Parameters the family's forward never uses (none: Gemma 3's SigLIP tower is built without its pooling head).
 KNOWN_UNUSED: dict[str, set[str]] = {family: set() for family in FAMILIES}
@@ -40,7 +46,14 @@ IMAGE_TOKEN = {
     "qwen3_vl_moe": "<|image_pad|>",
     "qwen3_5": "<|image_pad|>",
     "qwen3_5_moe": "<|image_pad|>",
+    "gemma4": "<|image|>",
+    "glm4v": "<|image|>",
+    "glm46v": "<|image|>",
+    "internvl_moe": "<IMG_CONTEXT>",
 }
+# Image tokens of one 112x112 image at `image_size=112`: one per merged patch block (4x4), except Gemma 4, whose
+# processor gives every image its fixed soft-token budget.
+TOKENS_AT_112 = {family: 16 for family in FAMILIES} | {"gemma4": 64}
 # Module name prefixes of the vision side (tower + projector) in the loaded model.
 VISION_PREFIXES = {
     "qwen2_vl": ("model.visual.",),
@@ -63,7 +76,12 @@ ARCHITECTURE = {
     "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "gemma4": "Gemma4ForConditionalGeneration",
+    "glm4v": "Glm4vForConditionalGeneration",
+    "glm46v": "Glm46VForConditionalGeneration",
+    "internvl_moe": "InternVLForConditionalGeneration",
 }
+MODEL_TYPE = {family: family for family in FAMILIES} | {"internvl_moe": "internvl"}
 
 
 def square_image(color: tuple[int, int, int] = (255, 0, 0), size: int = 56) -> Image.Image:
@@ -104,7 +122,7 @@ def count(input_ids: torch.Tensor, token_id: int) -> int:
     return int((input_ids == token_id).sum())
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=LAYOUT_FAMILIES)
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """(family, directory) of a model built once per family for this module."""
     family = request.param
@@ -145,6 +163,29 @@ def test_saved_files_and_config(built: tuple[str, Path]) -> None:
     assert config["model_type"] == family
     assert config["architectures"] == [ARCHITECTURE[family]]
     assert all(t.dtype == torch.float32 for t in load_file(out / "model.safetensors").values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_shape_saves_loads_and_trains(family: str, tmp_path: Path) -> None:
+    """Every registered builder: a float32 model of its model type that the Auto classes load, with 4 image tokens
+    per 56x56 image (Gemma 4: its budget), and one image prompt's loss reaching every parameter."""
+    out = Path(build_tiny_model(family, tmp_path))
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == (MODEL_TYPE[family], [ARCHITECTURE[family]])
+    assert all(t.dtype == torch.float32 for t in load_file(out / "model.safetensors").values())
+    model = AutoModelForImageTextToText.from_pretrained(out)
+    processor = AutoProcessor.from_pretrained(out)
+    assert sum(p.numel() for p in model.parameters()) < 500_000
+    text = processor.apply_chat_template(one_image_conversation(), add_generation_prompt=True, tokenize=False)
+    batch = processor(text=[text], images=[square_image()], return_tensors="pt")
+    image_token_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN[family])
+    assert count(batch["input_ids"], image_token_id) == (64 if family == "gemma4" else 4)
+    model.train()
+    output = model(**batch, labels=batch["input_ids"].clone())
+    assert torch.isfinite(output.loss)
+    output.loss.backward()
+    no_grad = [name for name, p in model.named_parameters() if p.grad is None or not torch.any(p.grad != 0)]
+    assert no_grad == []
 
 
 def test_reload_sizes_and_ids(loaded: tuple[str, Any, Any]) -> None:
@@ -416,7 +457,7 @@ def test_other_sizes(family: str, tmp_path: Path) -> None:
     text = processor.apply_chat_template(one_image_conversation(), add_generation_prompt=True, tokenize=False)
     batch = processor(text=[text], images=[square_image(size=112)], return_tensors="pt")
     image_token_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN[family])
-    assert count(batch["input_ids"], image_token_id) == 16
+    assert count(batch["input_ids"], image_token_id) == TOKENS_AT_112[family]
     with torch.no_grad():
         assert torch.isfinite(model(**batch).logits).all()
 

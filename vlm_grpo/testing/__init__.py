@@ -15,7 +15,10 @@ from functools import partial
 
 from ._common import DEFAULT_WORDS, ROLE_WORDS, TAG_TOKENS, UNK_TOKEN
 from .gemma3 import build_gemma3
+from .gemma4 import build_gemma4
+from .glm4v import build_glm4v
 from .internvl import build_internvl
+from .internvl_moe import build_internvl_moe
 from .qwen import build_qwen
 from .qwen3_5 import build_qwen_moe
 
@@ -28,11 +31,16 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "qwen3_vl_moe": partial(build_qwen_moe, "qwen3_vl_moe"),
     "qwen3_5": partial(build_qwen_moe, "qwen3_5"),
     "qwen3_5_moe": partial(build_qwen_moe, "qwen3_5_moe"),
+    "gemma4": build_gemma4,
+    "glm4v": partial(build_glm4v, family="glm4v"),
+    "glm46v": partial(build_glm4v, family="glm46v"),
+    "internvl_moe": build_internvl_moe,
 }
-"""The one place a tiny builder is registered: ``family -> builder(out_dir, **kwargs)``."""
+"""The one place a tiny builder is registered: ``shape -> builder(out_dir, **kwargs)``."""
 
 TINY_FAMILIES: tuple[str, ...] = tuple(BUILDERS)
-"""Families ``build_tiny_model`` supports; each is also the ``model_type`` of the saved config."""
+"""Shapes ``build_tiny_model`` builds. Each is the ``model_type`` of the saved config, except ``internvl_moe``: an
+``internvl`` model (InternVL3.5's MoE checkpoints) whose language model is a ``qwen3_moe`` mixture of experts."""
 
 __all__ = ["DEFAULT_WORDS", "ROLE_WORDS", "TAG_TOKENS", "TINY_FAMILIES", "UNK_TOKEN", "build_tiny_model"]
 
