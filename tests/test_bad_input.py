@@ -144,6 +144,25 @@ def test_unknown_model_type(tmp_path, data, capsys):
     assert "Unsupported model_type 'llama'" in line and "qwen2_vl" in line and "gemma3" in line
 
 
+@pytest.mark.parametrize("where", ["absolute", "relative"])
+def test_missing_model_folder_is_named(tmp_path, data, capsys, monkeypatch, where):
+    """An absolute path, and a relative `runs/missing` under a local `runs/` folder (a hub id's shape)."""
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    model = str(tmp_path / "runs" / "missing") if where == "absolute" else "runs/missing"
+    line = error_line(capsys, "train", str(write_train_yaml(tmp_path, model, data)))
+    assert f"model folder {model} not found" in line
+
+
+def test_hub_id_that_cannot_be_fetched_is_one_line(tmp_path, data, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    line = error_line(capsys, "train", str(write_train_yaml(tmp_path, "no-such-org/no-such-model", data)))
+    assert (
+        "model no-such-org/no-such-model is no local folder, and fetching it from the Hugging Face hub"
+        in line
+    )
+
+
 def test_remote_code_model_needs_explicit_opt_in(tmp_path, data, capsys):
     model = tmp_path / "custom"
     model.mkdir()

@@ -9,7 +9,7 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
-from ..errors import VLMGRPOError
+from ..errors import VLMGRPOError, one_line
 from .base import ModelFamily
 from .gemma3 import Gemma3Family
 from .gemma4 import Gemma4Family
@@ -35,7 +35,11 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?
 
 
 def _check_model_folder(path: str) -> None:
-    """A local model path must be a folder with a `config.json`; a hub id (`org/name`) is left to transformers."""
+    """A local model path must be a folder with a `config.json`; a hub id (`org/name`) is left to transformers.
+
+    A path is local when it exists, starts with `.` or `/`, cannot be a hub id, or its first part is a folder here
+    (`runs/demo` with a `runs/` folder in the working directory).
+    """
     folder = Path(path)
     if folder.is_dir():
         if not (folder / "config.json").is_file():
@@ -43,7 +47,8 @@ def _check_model_folder(path: str) -> None:
                 f"model folder {path} has no config.json; point model_name_or_path at a saved model."
             )
         return
-    if folder.exists() or not _HUB_ID.match(path) or path.startswith("."):
+    under_local_folder = len(folder.parts) > 1 and Path(folder.parts[0]).is_dir()
+    if folder.exists() or not _HUB_ID.match(path) or path.startswith(".") or under_local_folder:
         raise VLMGRPOError(f"model folder {path} not found; check model_name_or_path.")
 
 
@@ -63,7 +68,15 @@ def _model_type(model_or_config_or_path: Any, trust_remote_code: bool) -> str:
                 "that code. For InternVL, use the transformers-native checkpoints instead: the ones named -hf or "
                 "-HF (e.g. OpenGVLab/InternVL3-2B-hf, OpenGVLab/InternVL3_5-8B-HF, OpenGVLab/InternVL3_5-30B-A3B-HF)."
             )
-        obj = AutoConfig.from_pretrained(obj, trust_remote_code=trust_remote_code)
+        try:
+            obj = AutoConfig.from_pretrained(obj, trust_remote_code=trust_remote_code)
+        except OSError as error:
+            if Path(obj).is_dir():  # a local folder whose config cannot be read: not a path mistake
+                raise
+            raise VLMGRPOError(
+                f"model {obj} is no local folder, and fetching it from the Hugging Face hub failed "
+                f"({one_line(error)}); check model_name_or_path, or the network for a hub id."
+            ) from error
     config = obj if isinstance(obj, PretrainedConfig) else getattr(obj, "config", None)
     if not isinstance(config, PretrainedConfig):
         raise TypeError(
