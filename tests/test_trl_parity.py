@@ -312,7 +312,8 @@ def test_cache_implementation_with_shared_prefix(share_prompt_prefix, qwen, tmp_
 
 def test_numpy_and_bool_rewards_are_accepted(qwen, tmp_path):
     def reward(completions, **kwargs):
-        return [np.float32(len(c[0]["content"])) if i % 2 else bool(i % 3) for i, c in enumerate(completions)]
+        kinds = (np.float32, bool, np.bool_, np.int64)
+        return [kinds[i % 4](len(c[0]["content"]) % 3) for i, c in enumerate(completions)]
 
     path, processor, _ = qwen
     trainer = VLMGRPOTrainer(

@@ -13,6 +13,8 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from ..errors import VLMGRPOError
 
 _RECORD_KEYS = ("id", "image_paths", "problem", "solution")
@@ -83,7 +85,7 @@ def guard_reward(
         for index, value in enumerate(values):
             if value is None:
                 continue
-            if not isinstance(value, (numbers.Real, bool)) and not _is_numpy_bool(value):
+            if not isinstance(value, (numbers.Real, bool, np.bool_)):  # np.bool_ is no numbers.Real
                 raise RewardError(
                     f"reward '{name}' returned {value!r} for {_describe(kwargs, index)}; return a number "
                     "or None (None = the reward does not apply to this completion)."
@@ -92,11 +94,6 @@ def guard_reward(
 
     guarded.__name__ = name
     return guarded
-
-
-def _is_numpy_bool(value: Any) -> bool:
-    """Whether `value` is a NumPy boolean scalar (not a `numbers.Real`, but a valid reward for TRL)."""
-    return type(value).__module__ == "numpy" and type(value).__name__ == "bool"
 
 
 def _first_failing_record(func: Callable[..., list], kwargs: dict[str, Any], size: int) -> int | None:
