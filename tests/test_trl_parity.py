@@ -161,6 +161,20 @@ def test_chat_template_kwargs_reach_the_training_prompt(qwen, tmp_path):
     assert len(ids_off) > len(ids_plain) and list(ids_off) == list(expected)
 
 
+def test_chat_template_kwargs_reach_the_vllm_prompt(qwen):
+    """The vLLM payload renders prompts with the same `chat_template_kwargs` as the training prompts."""
+    from vlm_grpo.rollout import load_rows
+    from vlm_grpo.vllm_payload import build_vllm_payload
+
+    path, processor, _ = qwen
+    rows, family = load_rows(color_rows(2)), get_model_family(path)
+    plain = build_vllm_payload(processor, family, rows)
+    thinking_off = build_vllm_payload(
+        processor, family, rows, chat_template_kwargs={"enable_thinking": False}
+    )
+    assert [f"no think {text}" for text in plain.texts] == thinking_off.texts
+
+
 def test_pretrained_adapter_is_its_own_reference(qwen, tmp_path):
     """A PEFT model with a trained adapter and beta > 0: the reference is a frozen copy of that adapter (KL 0)."""
     path, processor, _ = qwen
