@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILIES, color_dataset, grpo_args, length_reward
+from conftest import FAMILIES, FULL_ROW_FAMILIES, color_dataset, grpo_args, length_reward
 from transformers import AutoModelForImageTextToText
 
 from vlm_grpo import VLMGRPOTrainer, get_model_family
@@ -43,9 +43,10 @@ def test_two_steps_change_every_trainable_parameter(family, tiny_model, tmp_path
     assert logs and all(torch.isfinite(torch.tensor(entry["loss"])) for entry in logs)
 
 
-def test_freeze_vision_modules_keeps_vision_bit_identical(tiny_model, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES + FULL_ROW_FAMILIES)
+def test_freeze_vision_modules_keeps_vision_bit_identical(family, tiny_model, tmp_path):
     trainer = VLMGRPOTrainer(
-        model=tiny_model("qwen2_vl"),
+        model=tiny_model(family),
         reward_funcs=length_reward,
         args=grpo_args(tmp_path, freeze_vision_modules=True),
         train_dataset=color_dataset(8),
