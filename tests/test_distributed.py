@@ -12,9 +12,10 @@ and both ranks' files in the step-2 checkpoint; a `checkpoint-2/model.safetensor
 `AutoModelForImageTextToText.from_pretrained` loads with no missing key (under ZeRO-3: the 16-bit gather on save,
 checked against the fp32 weights consolidated from the ZeRO shards).
 
-`test_zero3_text_only_rank_and_image_rank` puts only text prompts on rank 0 and only image prompts on rank 1; it
-fails (collective mismatch, or a hang killed at the timeout) while the text-only rank skips the vision tower's ZeRO-3
-parameter all-gathers that the image rank runs in the training forward.
+`test_zero3_text_only_rank_and_image_rank` puts only text prompts on rank 0 and only image prompts on rank 1, with the
+vision tower trained and frozen (then its features are computed once per generation batch and reused): a rank that
+skipped the vision tower's ZeRO-3 parameter all-gathers the other runs would fail it (collective mismatch, or a hang
+killed at the timeout).
 
 Run them alone with `pytest -m distributed tests/test_distributed.py`; `-m "not distributed"` skips them.
 """
@@ -230,16 +231,18 @@ def test_train_grpo_sh_single_node(tiny_model, tmp_path, deepspeed_cpu_ops, name
 
 
 # ------------------------------------------------------------- 5. ZeRO-3: a text-only rank beside an image rank
-def test_zero3_text_only_rank_and_image_rank(tiny_model, tmp_path, deepspeed_cpu_ops):
+@pytest.mark.parametrize("freeze_vision", [False, True], ids=["vision-trained", "vision-frozen"])
+def test_zero3_text_only_rank_and_image_rank(tiny_model, tmp_path, deepspeed_cpu_ops, freeze_vision):
     """Under ZeRO-3 every rank must run the same parameter all-gathers. Rows alternate text, image (not shuffled),
     so with one prompt per rank and step, rank 0 holds only text prompts and rank 1 only image prompts at both
     steps; the vision tower runs on rank 1 only. The run must still complete and pass the usual checks.
 
-    Expected to fail until the trainer makes the text-only rank take part in the vision tower's gathers: the
-    first training forward (policy log-probs in `compute_loss`; generation gathers the whole model) desyncs,
-    rank 1 all-gathering a vision parameter while rank 0 all-gathers a language-model one (gloo aborts rank 0 with
-    "Received data size doesn't match expected size"; with TORCH_DISTRIBUTED_DEBUG=DETAIL: "Detected mismatch
-    between collectives"). A hang instead is killed at RUN_TIMEOUT.
+    Trained vision: the text-only rank runs the vision tower on a dummy image row in each log-prob pass (see
+    `vlm_grpo.vision_dummy`). Frozen vision: image features are computed once per generation batch, with the whole
+    model gathered on every rank. Without either, the first training forward desyncs: rank 1 all-gathers a vision
+    parameter while rank 0 all-gathers a language-model one (gloo aborts with "Received data size doesn't match
+    expected size"; with TORCH_DISTRIBUTED_DEBUG=DETAIL: "Detected mismatch between collectives"), or a hang is
+    killed at RUN_TIMEOUT.
     """
     model = tiny_model("qwen2_vl")
     run, out, probe = train(
@@ -248,6 +251,7 @@ def test_zero3_text_only_rank_and_image_rank(tiny_model, tmp_path, deepspeed_cpu
         accelerate_cmd,
         layout=["text", "image", "text", "image"],
         env_extra={"PYTHONFAULTHANDLER": "1"},  # a rank aborted by gloo prints its Python stack
+        freeze_vision_modules=freeze_vision,
     )
     # The layout the test is about: each rank wrote its rows' image counts from inside the run (step 0 at least,
     # which is after generation), rank 0 only text rows, rank 1 only image rows.

@@ -179,11 +179,9 @@ class VLMGRPOTrainer(GRPOTrainer):
         if not self.family.shares_prefix and sharing_mode(self.args.share_prompt_prefix) != "false":
             logger.info(f"{self.family.model_type}: share_prompt_prefix does not apply (its cache is not shareable); "
                         "every pass runs full rows.")  # fmt: skip
-        self._zero3_multi_process = (  # ZeRO-3 gathers each module's shards collectively: see `vision_dummy`
-            self.is_deepspeed_enabled
-            and self.accelerator.state.deepspeed_plugin.zero_stage == 3
-            and self.accelerator.num_processes > 1
-        )
+        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        # ZeRO-3 gathers each module's shards collectively: see `vision_dummy`
+        self._zero3_multi_process = zero3 and self.accelerator.num_processes > 1
         vision_trains = any(
             p.requires_grad for n, p in self.model.named_parameters() if self.family.is_vision_module(n)
         )
@@ -192,6 +190,14 @@ class VLMGRPOTrainer(GRPOTrainer):
         # runs the vision tower's collectives alone.
         per_module_gathers = self._zero3_multi_process and not self.args.ds3_gather_for_generation
         self._image_features = None if vision_trains or per_module_gathers else ImageFeatureCache(self.family)
+        # Measured on CPU: under ZeRO-3, a shared-prefix log-prob pass whose forward runs no trained vision parameter
+        # fails in backward (TRL's fused LM head hands a full-size gradient to the partitioned `lm_head` weight). With
+        # frozen vision those passes run full rows; generation still shares each prompt.
+        self._full_row_logps = zero3 and self._image_features is not None and self.family.shares_prefix
+        if self._full_row_logps and sharing_mode(self.args.share_prompt_prefix) != "false":
+            logger.info(
+                "ZeRO-3 with frozen vision: log-prob passes run full rows; generation shares each prompt."
+            )
 
     def _reusing_image_features(
         self, model: torch.nn.Module, image_inputs: Sequence[dict]
@@ -705,8 +711,9 @@ class VLMGRPOTrainer(GRPOTrainer):
     def _shares_prefix(self, compute_aux_loss: bool = False, generation: bool = False) -> bool:
         """Whether this pass runs each group's prompt once (see `shared_prefix`).
 
-        Full rows instead: when sharing is off, or `auto` and it does not pay for this batch; for the MoE aux loss; for generation with a `cache_implementation`
-        (generate then builds its own cache); and for a forward that builds a graph under reentrant gradient
+        Full rows instead: when sharing is off, or `auto` and it does not pay for this batch; for the MoE aux loss; for
+        generation with a `cache_implementation` (generate then builds its own cache); for log-prob passes under ZeRO-3
+        with frozen vision (see `_init_rollout_state`); and for a forward that builds a graph under reentrant gradient
         checkpointing, which detaches what a layer writes to the KV cache (the transformers default is
         non-reentrant).
         """
@@ -717,6 +724,8 @@ class VLMGRPOTrainer(GRPOTrainer):
             return False
         if generation:
             return self.args.cache_implementation is None
+        if self._full_row_logps:
+            return False
         if torch.is_grad_enabled() and self.args.gradient_checkpointing:
             return not (self.args.gradient_checkpointing_kwargs or {}).get("use_reentrant", False)
         return True
