@@ -50,5 +50,8 @@ def run_cli(name: str, main: Callable[[list[str]], None], argv: list[str]) -> No
     except VLMGRPOError as error:
         if debug:
             raise
-        print(f"vlm-grpo {name}: error: {one_line(error)} (add --debug for the traceback)", file=sys.stderr)
+        # One write of the whole line: processes of one launch share stderr, and a separate newline write (print,
+        # unbuffered) lets another process's line land in between.
+        sys.stderr.write(f"vlm-grpo {name}: error: {one_line(error)} (add --debug for the traceback)\n")
+        sys.stderr.flush()
         raise SystemExit(EXIT_USER_ERROR) from None
