@@ -51,8 +51,9 @@ IMAGE_TOKEN = {
     "glm46v": "<|image|>",
     "internvl_moe": "<IMG_CONTEXT>",
 }
-# Image tokens of one 112x112 image at `image_size=112`: one per merged patch block (4x4), except Gemma 4, whose
-# processor gives every image its fixed soft-token budget.
+# Image tokens of one image at the builder's default `image_size` (56) and at `image_size=112`: one per merged patch
+# block (2x2, 4x4), except Gemma 4, whose processor gives every image its fixed soft-token budget.
+TOKENS_AT_56 = {family: 4 for family in FAMILIES} | {"gemma4": 64}
 TOKENS_AT_112 = {family: 16 for family in FAMILIES} | {"gemma4": 64}
 # Module name prefixes of the vision side (tower + projector) in the loaded model.
 VISION_PREFIXES = {
@@ -179,7 +180,7 @@ def test_every_shape_saves_loads_and_trains(family: str, tmp_path: Path) -> None
     text = processor.apply_chat_template(one_image_conversation(), add_generation_prompt=True, tokenize=False)
     batch = processor(text=[text], images=[square_image()], return_tensors="pt")
     image_token_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN[family])
-    assert count(batch["input_ids"], image_token_id) == (64 if family == "gemma4" else 4)
+    assert count(batch["input_ids"], image_token_id) == TOKENS_AT_56[family]
     model.train()
     output = model(**batch, labels=batch["input_ids"].clone())
     assert torch.isfinite(output.loss)
