@@ -100,6 +100,33 @@ def test_logps_entropies_and_gradients_match_full_forward(family, tiny_model, tm
         assert err <= 1e-5 * full.abs().max().item() + 1e-6 * scale, (name, err)
 
 
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm46v"])
+def test_mrope_positions_equal_the_models_own(family, tiny_model, tmp_path):
+    """M-RoPE positions computed once per distinct prompt (text after it filled in) equal the model's per-row rule.
+
+    Rows: image and text-only prompts repeated G times, left-padded, with completions of 1 to 5 tokens right-padded;
+    then the prompts alone. Positions must match on every unpadded token, and `rope_deltas` on every row.
+    """
+    trainer = make_trainer(tiny_model(family), tmp_path)
+    model = trainer.model
+    batch = rollout_batch(trainer, color_rows(6, text_only_every=3))
+    for ids, mask in (
+        (batch["input_ids"], batch["attention_mask"]),
+        (batch["prompt_ids"], batch["prompt_mask"]),
+    ):
+        types = trainer.family.token_type_inputs(ids, model.config)["mm_token_type_ids"]
+        grids = trainer.family.collate(batch["image_inputs"])["image_grid_thw"]
+        expected, expected_deltas = model.model.get_rope_index(
+            ids, mm_token_type_ids=types, image_grid_thw=grids, attention_mask=mask
+        )  # [3, B, L], [B, 1]
+        positions = trainer.family.position_ids(model, ids, mask, batch["image_inputs"])
+        assert positions.shape == expected.shape
+        valid = mask.bool().expand_as(positions)
+        assert torch.equal(positions[valid], expected[valid])
+        _, deltas = trainer.family._rope_index(model, ids, mask, batch["image_inputs"])
+        assert torch.equal(deltas.view(-1), expected_deltas.view(-1).to(deltas.dtype))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_shared_prefix_generation_matches_generate(family, tiny_model, tmp_path):
     trainer = make_trainer(tiny_model(family), tmp_path)

@@ -86,17 +86,42 @@ class Qwen2VLFamily(ModelFamily):
     def _rope_index(
         self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_inputs: Sequence[dict]
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`(position_ids [3, B, L], rope_deltas [B, 1])` from the model's own M-RoPE rule; None without images."""
+        """`(position_ids [3, B, L], rope_deltas [B, 1])` by the model's own M-RoPE rule; None without images.
+
+        The model's rule walks every row in Python. Here it runs once per distinct row head (the columns up to the
+        last vision token of the batch: the prompt, identical across a group's rows), and the text after it, where
+        M-RoPE counts like 1-D RoPE shifted by the row's `rope_delta`, is filled in one tensor operation. Padding
+        gets position 0, as the model gives it.
+        """
         images = self.collate(image_inputs)
         if "image_grid_thw" not in images:
             return None
-        types = self.token_type_inputs(input_ids, model.config)["mm_token_type_ids"]
-        return model.model.get_rope_index(
-            input_ids,
-            mm_token_type_ids=types,
-            image_grid_thw=images["image_grid_thw"].to(input_ids.device),
-            attention_mask=attention_mask,
-        )
+        types = self.token_type_inputs(input_ids, model.config)["mm_token_type_ids"]  # [B, L]
+        cut = int(types.ne(0).any(0).nonzero().max()) + 1  # columns >= cut are text in every row
+        heads = torch.cat([input_ids[:, :cut], attention_mask[:, :cut].to(input_ids.dtype)], 1).cpu().numpy()
+        distinct: dict[bytes, int] = {}
+        inverse = []  # row -> its distinct head
+        for row, head in enumerate(heads):
+            grid = image_inputs[row].get("image_grid_thw")
+            key = head.tobytes() + (b"" if grid is None else grid.cpu().numpy().tobytes())
+            inverse.append(distinct.setdefault(key, row))
+        firsts = sorted(set(inverse))
+        grids = [
+            image_inputs[row]["image_grid_thw"] for row in firsts if "image_grid_thw" in image_inputs[row]
+        ]
+        head_positions, head_deltas = model.model.get_rope_index(
+            input_ids[firsts, :cut],
+            mm_token_type_ids=types[firsts, :cut],
+            image_grid_thw=torch.cat(grids).to(input_ids.device),
+            attention_mask=attention_mask[firsts, :cut],
+        )  # [3, U, cut], [U, 1]
+        slot = {row: i for i, row in enumerate(firsts)}
+        index = torch.tensor([slot[row] for row in inverse], device=input_ids.device)  # [B]
+        deltas = head_deltas.to(input_ids.device)[index]  # [B, 1]
+        text = (attention_mask.long().cumsum(-1) - 1)[:, cut:] + deltas  # [B, L-cut]
+        text = text.masked_fill(attention_mask[:, cut:] == 0, 0)
+        positions = torch.cat([head_positions.to(input_ids.device)[:, index], text.expand(3, -1, -1)], 2)
+        return positions, deltas
 
     def position_ids(
         self,
