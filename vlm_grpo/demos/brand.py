@@ -1,15 +1,16 @@
 """Brand demo: pick the brand of a synthetic logo among 56 options listed in the prompt (`choice_accuracy`).
 
-The prompt follows the brand experiment it mirrors: the question, then every brand numbered `1. Name`,
-`2. Name`, ..., then "Please only respond with the brand name". Each brand's logo is a tile of one colour
-with a shape of another colour on it (8 colours, ordered pairs of two different colours: 56 brands; the shape,
-one of four, follows the pair). Images vary in position, size, shade and background; the held-out images are
-drawn apart from the training ones. Chance is 1/56 (1.8%).
+The prompt follows the brand experiment it mirrors: the image, the question, then every brand numbered `1. Name`,
+`2. Name`, ..., then "Please only respond with the brand name". Each brand's logo is a tile of one colour filling
+the image with a shape of another colour near its middle (8 colours, ordered pairs of two different colours: 56
+brands; the shape, one of four, follows the pair). Images vary in shade, mark size and position; the held-out
+images are drawn apart from the training ones. Chance is 1/56 (1.8%).
 
 A random model answers with any word of its vocabulary, and GRPO alone barely moves from chance: with a 1/56
-hit rate, most groups of completions get no reward at all. So a short warm start comes first, on a few
-examples: one labelled image per brand (56 records, a few epochs). It leaves the model far from solving the
-task (its held-out accuracy is printed); GRPO then learns from its own answers on 1,680 other images.
+hit rate, most groups of completions get no reward at all. So a supervised warm start comes first (8 labelled
+images per brand, 10 epochs), as in the SFT-then-GRPO pipeline of that experiment; GRPO then learns from its
+own answers on 1,680 other images, sampling at temperature 0.5 (at 1.0 the warm model's flat distribution
+finds the right brand too rarely to move its greedy answer).
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ OUTRO = "Please only respond with the brand name, no additional explanation need
 REWARDS = ("choice_accuracy",)
 GRPO_SETTINGS: dict[str, Any] = dict(
     max_completion_length=1,
-    learning_rate=3e-4,
-    per_device_train_batch_size=64,
+    learning_rate=1e-3,
+    per_device_train_batch_size=256,
     num_generations=16,
+    temperature=0.5,
 )
 """GRPO settings of this demo (`grpo_config` fills in the rest)."""
 
@@ -75,35 +77,33 @@ def _shade(color: tuple[int, int, int], rng: random.Random) -> tuple[int, ...]:
 
 
 def draw_logo(tile: int, mark: int, shape: str, rng: random.Random) -> Image.Image:
-    """A logo on a plain background: a tile of colour `tile` with a `shape` of colour `mark` in its middle."""
-    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), tuple(rng.randint(110, 150) for _ in range(3)))
+    """A logo filling the image: a tile of colour `tile` with a `shape` of colour `mark` near its middle."""
+    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), _shade(COLORS[tile], rng))
     draw = ImageDraw.Draw(image)
-    side = rng.randint(36, 48)
-    x, y = rng.randint(0, IMAGE_SIZE - side), rng.randint(0, IMAGE_SIZE - side)
-    draw.rectangle((x, y, x + side - 1, y + side - 1), fill=_shade(COLORS[tile], rng))
-    m, fill = side // 5, _shade(COLORS[mark], rng)
-    x1, y1, x2, y2 = x + m, y + m, x + side - 1 - m, y + side - 1 - m
+    half, fill = rng.randint(12, 18), _shade(COLORS[mark], rng)
+    cx, cy = IMAGE_SIZE // 2 + rng.randint(-4, 4), IMAGE_SIZE // 2 + rng.randint(-4, 4)
+    x1, y1, x2, y2 = cx - half, cy - half, cx + half, cy + half
     if shape == "circle":
         draw.ellipse((x1, y1, x2, y2), fill=fill)
     elif shape == "square":
         draw.rectangle((x1, y1, x2, y2), fill=fill)
     elif shape == "triangle":
-        draw.polygon([((x1 + x2) // 2, y1), (x2, y2), (x1, y2)], fill=fill)
+        draw.polygon([(cx, y1), (x2, y2), (x1, y2)], fill=fill)
     else:
-        draw.rectangle((x1, (y1 + y2) // 2 - m // 2, x2, (y1 + y2) // 2 + m // 2), fill=fill)
+        draw.rectangle((x1, cy - half // 2, x2, cy + half // 2), fill=fill)
     return image
 
 
 def write_task(
-    out_dir: Path, n_train: int = 1680, n_warm: int = 56, n_eval: int = 112, seed: int = 0
+    out_dir: Path, n_train: int = 1680, n_warm: int = 448, n_eval: int = 224, seed: int = 0
 ) -> dict:
     """Write the train, warm-start and held-out splits (every brand equally often); returns YAMLs and targets.
 
     Args:
         out_dir (`Path`): the data folder.
         n_train (`int`, *optional*, defaults to 1680): GRPO records (30 per brand).
-        n_warm (`int`, *optional*, defaults to 56): warm-start records (one per brand).
-        n_eval (`int`, *optional*, defaults to 112): held-out records (2 per brand).
+        n_warm (`int`, *optional*, defaults to 448): warm-start records (8 per brand).
+        n_eval (`int`, *optional*, defaults to 224): held-out records (4 per brand).
         seed (`int`, *optional*, defaults to 0): seed of the drawing.
     """
     rng = random.Random(seed)
@@ -129,7 +129,7 @@ def write_task(
 
 def run_brand(
     output_dir: str = "runs/demo-brand",
-    max_steps: int = 300,
+    max_steps: int = 250,
     seed: int = 0,
     warm_epochs: float = 10,
     data_sizes: dict[str, int] | None = None,
@@ -139,7 +139,7 @@ def run_brand(
 
     Args:
         output_dir (`str`, *optional*, defaults to `"runs/demo-brand"`): where everything goes.
-        max_steps (`int`, *optional*, defaults to 300): GRPO steps.
+        max_steps (`int`, *optional*, defaults to 250): GRPO steps.
         seed (`int`, *optional*, defaults to 0): seed of data, model and training.
         warm_epochs (`float`, *optional*, defaults to 10): warm-start epochs; 0 skips the warm start.
         data_sizes (`dict[str, int]`, *optional*, defaults to `None`): split sizes passed to `write_task`

@@ -1,12 +1,15 @@
 """Math demo: read two segment lengths off a figure and answer their total in `\\boxed{}` (reward `geo3k`).
 
-Each 56x56 image shows two horizontal segments, one above the other, of 1 to 5 units each (a unit is 8 pixels);
-the question asks for their total length (2 to 10, drawn uniformly, so chance is 1/9). The answer is
+Each 56x56 image shows two horizontal segments, one in the upper half and one in the lower, of 1 to 4 units each
+(a unit is 14 pixels, one patch of the vision tower, and segments lie on the patch grid at random offsets); the
+question asks for their total length (2 to 8, drawn uniformly, so chance is 1/7). The answer is
 `<think> total length </think> \\boxed{N}` and `geo3k` scores it `0.9 * correct + 0.1 * format` (Geometry3K
 style); the reported accuracy is the share of held-out answers that are right.
 
 A random model cannot write `\\boxed{}`, so a format-only warm start comes first: each warm-start image is
-paired with the total of another, random image, so the warm start learns the layout and nothing of the figure.
+paired with the total of another, random image, so the warm start learns the layout and nothing of the figure;
+all that the figure teaches comes from GRPO. (Segments off the patch grid, at 8 pixels a unit on a background of
+varying shade, left the total unreadable to this tiny model: GRPO stayed at chance.)
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from ..testing import ROLE_WORDS, build_tiny_model
 from .common import evaluate_stage, finish, grpo_config, train_grpo, warm_start, write_split
 
 IMAGE_SIZE = 56
-UNIT = 8
-MAX_UNITS = 5
+UNIT = 14
+MAX_UNITS = 4
 QUESTION = "What is the total length of the two segments ? Answer in \\boxed{} ."
 THINK = "<think> total length </think>"
 REWARDS = ("math_accuracy", "geo3k")
@@ -30,8 +33,8 @@ REWARDS = ("math_accuracy", "geo3k")
 MAX_NEW_TOKENS = 8
 GRPO_SETTINGS: dict[str, Any] = dict(
     max_completion_length=MAX_NEW_TOKENS,
-    learning_rate=3e-4,
-    per_device_train_batch_size=64,
+    learning_rate=1e-3,
+    per_device_train_batch_size=256,
     num_generations=8,
 )
 """GRPO settings of this demo (`grpo_config` fills in the rest)."""
@@ -44,14 +47,17 @@ def vocabulary() -> list[str]:
 
 
 def draw_segments(a: int, b: int, rng: random.Random) -> Image.Image:
-    """Two dark segments of `a` and `b` units on a light background, at random horizontal offsets."""
-    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), tuple(rng.randint(200, 240) for _ in range(3)))
+    """Two dark segments of `a` and `b` units, one in the upper half and one in the lower, on a light background.
+
+    A unit is one patch of the vision tower (14 pixels) and segments lie on the patch grid, at random offsets.
+    """
+    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), tuple(rng.randint(228, 236) for _ in range(3)))
     draw = ImageDraw.Draw(image)
-    for units, top in ((a, rng.randint(6, 16)), (b, rng.randint(34, 44))):
-        length = units * UNIT
-        x = rng.randint(2, IMAGE_SIZE - 2 - length)
-        shade = tuple(rng.randint(20, 70) for _ in range(3))
-        draw.rectangle((x, top, x + length - 1, top + 5), fill=shade)
+    cells = IMAGE_SIZE // UNIT
+    for units, row in ((a, rng.randint(0, 1)), (b, rng.randint(2, 3))):
+        x = rng.randint(0, cells - units) * UNIT
+        shade = tuple(rng.randint(25, 35) for _ in range(3))
+        draw.rectangle((x, row * UNIT, x + units * UNIT - 1, (row + 1) * UNIT - 1), fill=shade)
     return image
 
 
@@ -61,7 +67,7 @@ def boxed(total: int) -> str:
 
 
 def write_task(
-    out_dir: Path, n_train: int = 1024, n_warm: int = 256, n_eval: int = 90, seed: int = 0
+    out_dir: Path, n_train: int = 1024, n_warm: int = 256, n_eval: int = 98, seed: int = 0
 ) -> dict:
     """Write the train, warm-start and held-out splits; returns the YAML paths and the warm-start targets.
 
@@ -69,7 +75,7 @@ def write_task(
         out_dir (`Path`): the data folder.
         n_train (`int`, *optional*, defaults to 1024): GRPO records.
         n_warm (`int`, *optional*, defaults to 256): warm-start records.
-        n_eval (`int`, *optional*, defaults to 90): held-out records (10 per total).
+        n_eval (`int`, *optional*, defaults to 98): held-out records (14 per total).
         seed (`int`, *optional*, defaults to 0): seed of the drawing.
     """
     rng = random.Random(seed)
@@ -95,7 +101,7 @@ def write_task(
 
 def run_segments(
     output_dir: str = "runs/demo-math",
-    max_steps: int = 300,
+    max_steps: int = 250,
     seed: int = 0,
     warm_epochs: float = 6,
     data_sizes: dict[str, int] | None = None,
@@ -105,7 +111,7 @@ def run_segments(
 
     Args:
         output_dir (`str`, *optional*, defaults to `"runs/demo-math"`): where everything goes.
-        max_steps (`int`, *optional*, defaults to 300): GRPO steps.
+        max_steps (`int`, *optional*, defaults to 250): GRPO steps.
         seed (`int`, *optional*, defaults to 0): seed of data, model and training.
         warm_epochs (`float`, *optional*, defaults to 6): warm-start epochs.
         data_sizes (`dict[str, int]`, *optional*, defaults to `None`): split sizes passed to `write_task`
