@@ -99,7 +99,13 @@ def test_brand_demo_lists_every_option_and_runs(tmp_path):
 
 def test_math_demo_runs_and_grades_boxed_answers(tmp_path):
     result = segments.run_segments(
-        str(tmp_path), max_steps=2, warm_epochs=1, data_sizes=SMALL, logging_steps=1, log_samples_steps=1
+        str(tmp_path),
+        max_steps=2,
+        warm_epochs=1,
+        data_sizes=SMALL,
+        logging_steps=1,
+        log_samples_steps=1,
+        per_device_train_batch_size=64,  # 8 prompts a step: SMALL has 16
     )
     _check_run(tmp_path, result, list(segments.REWARDS), ["geo3k"], SMALL["n_eval"])
     geo3k = build_rewards(["geo3k"])[0][0]
