@@ -112,7 +112,7 @@ def write_task(out_dir: Path, n_train: int = 1024, n_warm: int = 64, n_eval: int
 
 def run_grounding(
     output_dir: str = "runs/demo-grounding",
-    max_steps: int = 450,
+    max_steps: int = 520,
     seed: int = 0,
     warm_epochs: float = 20,
     data_sizes: dict[str, int] | None = None,
@@ -122,7 +122,7 @@ def run_grounding(
 
     Args:
         output_dir (`str`, *optional*, defaults to `"runs/demo-grounding"`): where everything goes.
-        max_steps (`int`, *optional*, defaults to 450): GRPO steps.
+        max_steps (`int`, *optional*, defaults to 520): GRPO steps.
         seed (`int`, *optional*, defaults to 0): seed of data, model and training.
         warm_epochs (`float`, *optional*, defaults to 20): warm-start epochs.
         data_sizes (`dict[str, int]`, *optional*, defaults to `None`): split sizes passed to `write_task`
