@@ -93,8 +93,7 @@ class Qwen2VLFamily(ModelFamily):
         M-RoPE counts like 1-D RoPE shifted by the row's `rope_delta`, is filled in one tensor operation. Padding
         gets position 0, as the model gives it.
         """
-        images = self.collate(image_inputs)
-        if "image_grid_thw" not in images:
+        if not any("image_grid_thw" in row for row in image_inputs):
             return None
         types = self.token_type_inputs(input_ids, model.config)["mm_token_type_ids"]  # [B, L]
         cut = int(types.ne(0).any(0).nonzero().max()) + 1  # columns >= cut are text in every row
