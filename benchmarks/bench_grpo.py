@@ -7,9 +7,11 @@ trains both in bf16; `--share auto|true|false` sets `share_prompt_prefix` of VLM
 
 One randomly initialised Qwen2-VL (built offline, saved once with its processor) is trained by both trainers with
 the same data, seed and config (one group of G completions per optimizer step, completion lengths forced with
-`min_new_tokens`). Both `train()` calls run in their own thread but strictly take turns: stock step, ours step,
-stock step, ... so machine noise hits both alike. A step is timed from `on_step_begin` to `on_step_end`
-(generation, forward, backward and optimizer step). Shapes:
+`min_new_tokens`). Each trainer runs in its own process, on its main thread as a user's run does, and the two
+strictly take turns: stock step, ours step, stock step, ... so machine noise hits both alike (`alternate.py`). A
+step is timed from `on_step_begin` to `on_step_end` (generation, forward, backward and optimizer step); its peak
+memory is what the steps hold above the built trainer, from the kernel (CPU: peak resident memory) or the CUDA
+allocator. Shapes:
   long_prompt:  one 448x448 image (256 visual tokens) + a question, G=8, 32 completion tokens, full fine-tuning,
                 beta 0, no gradient checkpointing;
   short_prompt: one 56x56 image (4 visual tokens) + a question, G=4, 64 completion tokens, likewise;
@@ -26,18 +28,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
 import dataclasses
-import gc
 import statistics
 import tempfile
-import threading
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+from alternate import StepRecorder, run_alternating, step_order
 from datasets import Dataset
 from peft import LoraConfig
 from PIL import Image
@@ -49,7 +48,6 @@ from transformers import (
     Qwen2VLImageProcessor,
     Qwen2VLProcessor,
     Qwen2VLVideoProcessor,
-    TrainerCallback,
 )
 from transformers.utils import logging as hf_logging
 from trl import GRPOConfig, GRPOTrainer
@@ -87,6 +85,10 @@ SHAPES = {  # G, completion tokens, image side (None: the scale's long side), im
 # The recipe shapes run what users run: LoRA on the language model (vision frozen), gradient checkpointing, a
 # reference model (beta 0.04), G=8 and 128-token completions.
 RECIPE = dict(beta=0.04, gradient_checkpointing=True)
+PEAK_METHOD = {
+    False: "resident memory (VmHWM) after the steps - VmRSS before the first (after malloc_trim(0), VmHWM reset)",
+    True: "torch.cuda.max_memory_allocated after the steps - memory_allocated before the first",
+}
 
 
 def build_model(out_dir: Path, dims: dict, image_side: int, seed: int) -> str:
@@ -153,119 +155,6 @@ def length_reward(completions, **kwargs) -> list[float]:
     return [len(c[0]["content"]) / 100.0 for c in completions]
 
 
-class HeapMeter:
-    """Peak memory in use during a step: CUDA allocator stats, or glibc `mallinfo2()` sampled every ~1 ms on CPU."""
-
-    class _MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-            "keepcost")]  # fmt: skip
-
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-        self.method = "torch.cuda.max_memory_allocated - memory_allocated at step begin"
-        if cuda:
-            return
-        self._mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
-        self._mallinfo2.restype = HeapMeter._MallInfo2
-        self.method = "glibc mallinfo2 (uordblks + hblkhd) sampled every 1 ms, peak - value at step begin"
-        self._lock = threading.Lock()
-        self._base = self._peak = self.now()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def now(self) -> int:
-        info = self._mallinfo2()
-        return info.uordblks + info.hblkhd
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.001):
-            value = self.now()
-            with self._lock:
-                self._peak = max(self._peak, value)
-
-    def reset(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self._base = torch.cuda.memory_allocated()
-            return
-        with self._lock:
-            self._base = self._peak = self.now()
-
-    def peak(self) -> int:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return torch.cuda.max_memory_allocated() - self._base
-        with self._lock:
-            return max(self._peak, self.now()) - self._base
-
-    def close(self) -> None:
-        if not self.cuda:
-            self._stop.set()
-
-
-class Turns:
-    """Lets named threads run one at a time, in turn; a finished thread drops out of the rotation."""
-
-    def __init__(self, names: list[str]):
-        self.cond, self.names, self.turn, self.done = threading.Condition(), names, names[0], set()
-        self.order: list[str] = []  # who ran each step, to show the alternation
-
-    def _others(self, me: str) -> list[str]:
-        return [n for n in self.names if n != me and n not in self.done]
-
-    def wait(self, me: str) -> None:
-        with self.cond:
-            self.cond.wait_for(lambda: self.turn == me)
-
-    def pass_turn(self, me: str) -> None:
-        with self.cond:
-            self.order.append(me)
-            if self._others(me):
-                self.turn = self._others(me)[0]
-                self.cond.notify_all()
-                self.cond.wait_for(lambda: self.turn == me)
-
-    def finish(self, me: str) -> None:
-        with self.cond:
-            self.done.add(me)
-            if self._others(me):
-                self.turn = self._others(me)[0]
-            self.cond.notify_all()
-
-
-class StepRecorder(TrainerCallback):
-    """Times each optimizer step and its peak memory, keeps the logged metrics, then hands the turn over."""
-
-    def __init__(self, name: str, turns: Turns, meter: HeapMeter, cuda: bool):
-        self.name, self.turns, self.meter, self.cuda = name, turns, meter, cuda
-        self.times, self.peaks, self.logs, self.patches = [], [], [], []
-        self.vision_rows = 0  # patch rows through the vision tower, counted by a forward hook
-
-    def count_vision(self, module, args, kwargs) -> None:
-        pixels = kwargs.get("hidden_states", args[0] if args else None)
-        self.vision_rows += 0 if pixels is None else pixels.shape[0]
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.vision_rows = 0
-        self.meter.reset()
-        self.start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.times.append(time.perf_counter() - self.start)
-        self.peaks.append(self.meter.peak())
-        self.patches.append(self.vision_rows)
-        self.turns.pass_turn(self.name)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "num_tokens" in logs:
-            self.logs.append(dict(logs))
-
-
 def make_trainer(kind: str, model_dir: str, dataset: Dataset, common: dict, opts, lora: LoraConfig | None):
     if kind == "stock":
         return GRPOTrainer(model=model_dir, reward_funcs=length_reward, args=GRPOConfig(**common),
@@ -279,9 +168,10 @@ def make_trainer(kind: str, model_dir: str, dataset: Dataset, common: dict, opts
                           peft_config=copy.deepcopy(lora))  # fmt: skip
 
 
-def report(name: str, rec: StepRecorder, G: int, length: int, warmup: int) -> float:
+def report(name: str, rec: dict, G: int, length: int, warmup: int) -> float:
     """Print one table row from the measured steps (after `warmup`); return the median step time."""
-    times, peaks, patches, logs = rec.times[warmup:], rec.peaks[warmup:], rec.patches[warmup:], rec.logs
+    times, peaks, patches = (rec[k][warmup:] for k in ("times", "peaks", "patches"))
+    logs = rec["logs"]
     cumulative = [0] + [log["num_tokens"] for log in logs]  # prompt + completion tokens, as each trainer logs
     tokens = statistics.median([b - a for a, b in zip(cumulative[:-1], cumulative[1:])][warmup:])
     lengths = {k: [log[f"completions/{k}_length"] for log in logs[warmup:]] for k in ("min", "mean", "max")}
@@ -295,64 +185,57 @@ def report(name: str, rec: StepRecorder, G: int, length: int, warmup: int) -> fl
     return median
 
 
-def run_shape(key: str, opts, dims: dict, meter: HeapMeter, cuda: bool, work: Path) -> float:
+def build_trainer(name: str, key: str, opts, dims: dict, model_dir: str, lora: LoraConfig | None, cuda: bool,
+                  recorder: StepRecorder):  # fmt: skip
+    """Runs in the trainer's own process: the trainer of `name` for shape `key`, with `recorder` attached."""
+    quiet()
+    spec = SHAPES[key]
+    G, length, side = spec["G"], spec["length"], spec["side"] or dims["long_side"]
+    common = dict(
+        output_dir=str(Path(model_dir).parent / f"out_{spec['name']}_{name}"), per_device_train_batch_size=G,
+        num_generations=G, gradient_accumulation_steps=1, max_completion_length=length,
+        generation_kwargs={"min_new_tokens": length}, beta=0.0, gradient_checkpointing=False, learning_rate=1e-5,
+        max_steps=opts.warmup + opts.steps, logging_steps=1, report_to="none", save_strategy="no", seed=opts.seed,
+        use_cpu=not cuda, bf16=opts.bf16, fp16=False, disable_tqdm=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    common.update(RECIPE if spec["recipe"] else {})
+    trainer = make_trainer(name, model_dir, build_dataset(spec, side, seed=opts.seed), common, opts, lora)
+    for cb in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(cb)
+    trainer.add_callback(recorder)
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    visual = (unwrapped.get_base_model() if lora else unwrapped).model.visual
+    visual.register_forward_pre_hook(recorder.count_vision, with_kwargs=True)
+    share = getattr(trainer.args, "share_prompt_prefix", "n/a (no such field)")
+    return trainer, {"share": share}
+
+
+def run_shape(key: str, opts, dims: dict, cuda: bool, work: Path) -> float:
     spec = SHAPES[key]
     shape, G, length = spec["name"], spec["G"], spec["length"]
     side = spec["side"] or dims["long_side"]
     model_dir = work / shape
     desc = build_model(model_dir, dims, side, opts.seed)
-    dataset = build_dataset(spec, side, seed=opts.seed)
-    common = dict(
-        output_dir=str(work / f"out_{shape}"), per_device_train_batch_size=G, num_generations=G,
-        gradient_accumulation_steps=1, max_completion_length=length, generation_kwargs={"min_new_tokens": length},
-        beta=0.0, gradient_checkpointing=False, learning_rate=1e-5, max_steps=opts.warmup + opts.steps,
-        logging_steps=1, report_to="none", save_strategy="no", seed=opts.seed, use_cpu=not cuda,
-        bf16=opts.bf16, fp16=False, disable_tqdm=True, dataloader_num_workers=0,
-    )  # fmt: skip
-    common.update(RECIPE if spec["recipe"] else {})
     lora = language_lora(str(model_dir)) if spec["recipe"] else None
     names = ["stock", "ours"]
-    turns, recorders, errors, trainers = Turns(names), {}, {}, {}
-    for name in names:
-        trainers[name] = make_trainer(name, str(model_dir), dataset, common, opts, lora)
-        for cb in (PrinterCallback, ProgressCallback):
-            trainers[name].remove_callback(cb)
-        recorders[name] = StepRecorder(name, turns, meter, cuda)
-        trainers[name].add_callback(recorders[name])
-        unwrapped = trainers[name].accelerator.unwrap_model(trainers[name].model)
-        visual = (unwrapped.get_base_model() if lora else unwrapped).model.visual
-        visual.register_forward_pre_hook(recorders[name].count_vision, with_kwargs=True)
-    share = getattr(trainers["ours"].args, "share_prompt_prefix", "n/a (no such field)")
-
-    def worker(name: str) -> None:
-        turns.wait(name)
-        try:
-            trainers[name].train()
-        except BaseException as exc:  # re-raised in the main thread
-            errors[name] = exc
-        finally:
-            turns.finish(name)
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in names]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise next(iter(errors.values()))
-
+    records = run_alternating(names, build_trainer, (key, opts, dims, str(model_dir), lora, cuda))
     setup = (
         "LoRA on the language model, gradient checkpointing, beta 0.04" if spec["recipe"] else "full, beta 0"
     )
     print(f"\n== {shape}: G={G}, {length} completion tokens, {spec['images']} x {side}x{side} image, {setup}, "
-          f"{'bf16' if opts.bf16 else 'fp32'}, model {desc}, share_prompt_prefix={share}\n"
-          f"step order: {' '.join(turns.order)}")  # fmt: skip
+          f"{'bf16' if opts.bf16 else 'fp32'}, model {desc}, share_prompt_prefix={records['ours']['share']}\n"
+          f"step order: {' '.join(step_order(records))}")  # fmt: skip
     print(f"{'trainer':<8}{'median s':>10}{'min s':>8}{'max s':>8}{'tok/step':>10}{'tok/s':>9}{'peak MiB':>10}"
           f"{'prompt/sample':>15}{'completion min/mean/max':>26}{'ViT patches/step':>18}")  # fmt: skip
-    medians = {name: report(name, recorders[name], G, length, opts.warmup) for name in names}
-    trainers.clear()
-    gc.collect()
+    medians = {name: report(name, records[name], G, length, opts.warmup) for name in names}
     return medians["ours"] / medians["stock"]
+
+
+def quiet() -> None:
+    """Silence progress bars, info logs and deprecation warnings (in the parent and in each trainer's process)."""
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def main() -> None:
@@ -374,22 +257,16 @@ def main() -> None:
     cuda = opts.device == "cuda" or (opts.device is None and torch.cuda.is_available())
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda but CUDA is not available")
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", category=FutureWarning)
+    quiet()
     dims = SCALES["smoke" if opts.smoke else opts.scale]
-    meter = HeapMeter(cuda)
     print(f"device: {'cuda ' + torch.cuda.get_device_name() if cuda else f'cpu, {torch.get_num_threads()} threads'}"
           f"; scale: {'smoke' if opts.smoke else opts.scale}; steps: {opts.warmup} warm-up + {opts.steps} measured "
-          f"per trainer, alternating stock/ours\npeak memory: {meter.method}")  # fmt: skip
+          f"per trainer, alternating stock/ours, each trainer in its own process\npeak memory: {PEAK_METHOD[cuda]}")  # fmt: skip
     ratios = {}
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench_grpo_") as work:
-            keys = {"both": ("long", "short"), "all": tuple(SHAPES)}.get(opts.shape, (opts.shape,))
-            for key in keys:
-                ratios[SHAPES[key]["name"]] = run_shape(key, opts, dims, meter, cuda, Path(work))
-    finally:
-        meter.close()
+    with tempfile.TemporaryDirectory(prefix="bench_grpo_") as work:
+        keys = {"both": ("long", "short"), "all": tuple(SHAPES)}.get(opts.shape, (opts.shape,))
+        for key in keys:
+            ratios[SHAPES[key]["name"]] = run_shape(key, opts, dims, cuda, Path(work))
     print()
     for shape, ratio in ratios.items():
         print(f"ratio {shape}: {ratio:.2f}")
