@@ -30,6 +30,11 @@ from transformers import TrainerCallback
 class PeakMemory:
     """Peak memory of the training steps above the memory in use before the first (see the module docstring)."""
 
+    METHOD = {
+        False: "resident memory (VmHWM) after the steps - VmRSS before the first (after malloc_trim(0), VmHWM reset)",
+        True: "torch.cuda.max_memory_allocated after the steps - memory_allocated before the first",
+    }
+
     def __init__(self, cuda: bool):
         self.cuda = cuda
         self._trim = None if cuda else ctypes.CDLL("libc.so.6").malloc_trim
@@ -126,10 +131,12 @@ class StepRecorder(TrainerCallback):
             self.record["logs"].append(dict(logs))
 
 
-def _child(index: int, build: Callable, build_args: tuple, turns: Turns, ready: Any, results: Any) -> None:
+def _child(
+    index: int, build: Callable, build_args: tuple, cuda: bool, turns: Turns, ready: Any, results: Any
+) -> None:
     """One process: build its trainer with `build(*build_args, recorder)`, train in turn, send the record back."""
     try:
-        recorder = StepRecorder(index, turns, cuda=build_args[-1])
+        recorder = StepRecorder(index, turns, cuda)
         trainer, extra = build(*build_args, recorder)
         ready.wait()
         turns.wait(index)
@@ -140,7 +147,7 @@ def _child(index: int, build: Callable, build_args: tuple, turns: Turns, ready: 
 
 
 def run_alternating(
-    names: list[str], build: Callable, build_args: tuple, poll_s: float = 0.5
+    names: list[str], build: Callable, build_args: tuple, cuda: bool, poll_s: float = 0.5
 ) -> dict[str, dict]:
     """Run `build(name, *build_args, recorder)` trainers in spawned processes, in turn; return each one's record.
 
@@ -148,8 +155,8 @@ def run_alternating(
         names (`list[str]`): the trainers, in the order they take turns.
         build (`Callable`): a module-level function `build(name, *build_args, recorder) -> (trainer, extra)` that
             makes the trainer, adds `recorder` as a callback and returns any extra picklable facts in `extra`.
-            The last of `build_args` says whether the device is CUDA.
         build_args (`tuple`): picklable arguments after the name.
+        cuda (`bool`): whether the trainers run on CUDA (how steps are synchronised and memory is measured).
         poll_s (`float`, defaults to `0.5`): how often the parent checks that no process has died.
 
     Returns:
@@ -162,7 +169,9 @@ def run_alternating(
     ctx = mp.get_context("spawn")
     turns, ready, results = Turns(ctx, len(names)), ctx.Barrier(len(names)), ctx.Queue()
     procs = [
-        ctx.Process(target=_child, args=(i, build, (name, *build_args), turns, ready, results), name=name)
+        ctx.Process(
+            target=_child, args=(i, build, (name, *build_args), cuda, turns, ready, results), name=name
+        )
         for i, name in enumerate(names)
     ]
     for p in procs:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from alternate import StepRecorder, run_alternating, step_order
+from alternate import PeakMemory, StepRecorder, run_alternating, step_order
 from datasets import Dataset
 from peft import LoraConfig
 from PIL import Image
@@ -85,10 +85,6 @@ SHAPES = {  # G, completion tokens, image side (None: the scale's long side), im
 # The recipe shapes run what users run: LoRA on the language model (vision frozen), gradient checkpointing, a
 # reference model (beta 0.04), G=8 and 128-token completions.
 RECIPE = dict(beta=0.04, gradient_checkpointing=True)
-PEAK_METHOD = {
-    False: "resident memory (VmHWM) after the steps - VmRSS before the first (after malloc_trim(0), VmHWM reset)",
-    True: "torch.cuda.max_memory_allocated after the steps - memory_allocated before the first",
-}
 
 
 def build_model(out_dir: Path, dims: dict, image_side: int, seed: int) -> str:
@@ -218,7 +214,7 @@ def run_shape(key: str, opts, dims: dict, cuda: bool, work: Path) -> float:
     desc = build_model(model_dir, dims, side, opts.seed)
     lora = language_lora(str(model_dir)) if spec["recipe"] else None
     names = ["stock", "ours"]
-    records = run_alternating(names, build_trainer, (key, opts, dims, str(model_dir), lora, cuda))
+    records = run_alternating(names, build_trainer, (key, opts, dims, str(model_dir), lora, cuda), cuda)
     setup = (
         "LoRA on the language model, gradient checkpointing, beta 0.04" if spec["recipe"] else "full, beta 0"
     )
@@ -261,7 +257,7 @@ def main() -> None:
     dims = SCALES["smoke" if opts.smoke else opts.scale]
     print(f"device: {'cuda ' + torch.cuda.get_device_name() if cuda else f'cpu, {torch.get_num_threads()} threads'}"
           f"; scale: {'smoke' if opts.smoke else opts.scale}; steps: {opts.warmup} warm-up + {opts.steps} measured "
-          f"per trainer, alternating stock/ours, each trainer in its own process\npeak memory: {PEAK_METHOD[cuda]}")  # fmt: skip
+          f"per trainer, alternating stock/ours, each trainer in its own process\npeak memory: {PeakMemory.METHOD[cuda]}")  # fmt: skip
     ratios = {}
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as work:
         keys = {"both": ("long", "short"), "all": tuple(SHAPES)}.get(opts.shape, (opts.shape,))
