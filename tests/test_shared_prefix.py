@@ -270,12 +270,18 @@ def test_gradient_checkpointing_keeps_the_shared_path_exact(family, tiny_model, 
         assert err <= 1e-5 * full.abs().max().item() + 1e-6 * scale, (name, err)
 
 
-def test_sharing_pays_on_long_prompts_not_short_ones():
+def test_sharing_pays_on_long_prompts_and_large_groups():
     assert sharing_pays(prompt_len=294, completion_len=32, group_sizes=[8])  # the benchmark's long prompt
     assert not sharing_pays(prompt_len=17, completion_len=64, group_sizes=[4])  # and its short prompt
+    assert not sharing_pays(prompt_len=17, completion_len=32, group_sizes=[3])  # saves 22%, but G=3
+    # groups of 8 or more share from a 5% saving: (8-1)(17-1) / (8 (17+256)) = 5.1%, not at 1024 tokens (1.3%)
+    assert sharing_pays(prompt_len=17, completion_len=256, group_sizes=[8, 8])
+    assert not sharing_pays(prompt_len=17, completion_len=1024, group_sizes=[8])
+    assert not sharing_pays(prompt_len=17, completion_len=256, group_sizes=[8, 7])  # every group needs 8 rows
     assert not sharing_pays(
         prompt_len=300, completion_len=8, group_sizes=[1, 1]
     )  # groups of one share nothing
+    assert not sharing_pays(prompt_len=300, completion_len=8, group_sizes=[])
 
 
 @pytest.mark.parametrize(("mode", "max_completion_length", "shares"), [
