@@ -234,30 +234,43 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--steps", type=int, default=5, help="measured steps per trainer per shape")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per trainer first")
-    parser.add_argument("--shape", choices=[*SHAPES, "both", "all"], default="all",
-                        help="both: long and short; all: every shape")  # fmt: skip
+def add_run_options(parser: argparse.ArgumentParser, unit: str) -> None:
+    """The options every benchmark here takes; `unit` names what is measured ("trainer", "mode")."""
+    parser.add_argument("--steps", type=int, default=5, help=f"measured steps per {unit} per shape")
+    parser.add_argument("--warmup", type=int, default=1, help=f"unmeasured steps per {unit} first")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
     parser.add_argument("--scale", choices=["small", "large"], default="small", help="large: for a GPU run")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, to check the script quickly")
-    parser.add_argument("--share", choices=["default", "auto", "true", "false"], default="default",
-                        help="VLMGRPOConfig(share_prompt_prefix=...); default: the config's default")  # fmt: skip
-    parser.add_argument("--bf16", action="store_true", help="train in bf16 (both trainers)")
     parser.add_argument("--seed", type=int, default=0)
-    opts = parser.parse_args()
+
+
+def start_run(parser: argparse.ArgumentParser, opts, alternation: str) -> tuple[bool, dict]:
+    """Check the run options, silence logs and print the header; return (cuda, model dims)."""
     if opts.steps < 1 or opts.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
     cuda = opts.device == "cuda" or (opts.device is None and torch.cuda.is_available())
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda but CUDA is not available")
     quiet()
-    dims = SCALES["smoke" if opts.smoke else opts.scale]
+    scale = "smoke" if opts.smoke else opts.scale
     print(f"device: {'cuda ' + torch.cuda.get_device_name() if cuda else f'cpu, {torch.get_num_threads()} threads'}"
-          f"; scale: {'smoke' if opts.smoke else opts.scale}; steps: {opts.warmup} warm-up + {opts.steps} measured "
-          f"per trainer, alternating stock/ours, each trainer in its own process\npeak memory: {PeakMemory.METHOD[cuda]}")  # fmt: skip
+          f"; scale: {scale}; steps: {opts.warmup} warm-up + {opts.steps} measured {alternation}\n"
+          f"peak memory: {PeakMemory.METHOD[cuda]}")  # fmt: skip
+    return cuda, SCALES[scale]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_run_options(parser, "trainer")
+    parser.add_argument("--shape", choices=[*SHAPES, "both", "all"], default="all",
+                        help="both: long and short; all: every shape")  # fmt: skip
+    parser.add_argument("--share", choices=["default", "auto", "true", "false"], default="default",
+                        help="VLMGRPOConfig(share_prompt_prefix=...); default: the config's default")  # fmt: skip
+    parser.add_argument("--bf16", action="store_true", help="train in bf16 (both trainers)")
+    opts = parser.parse_args()
+    cuda, dims = start_run(
+        parser, opts, "per trainer, alternating stock/ours, each trainer in its own process"
+    )
     ratios = {}
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as work:
         keys = {"both": ("long", "short"), "all": tuple(SHAPES)}.get(opts.shape, (opts.shape,))

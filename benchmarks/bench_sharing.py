@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 import bench_grpo
-import torch
 from alternate import run_alternating
 
 from vlm_grpo.shared_prefix import sharing_pays
@@ -67,30 +66,16 @@ def run_point(key: str, opts, dims: dict, cuda: bool, work: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--steps", type=int, default=5, help="measured steps per mode per point")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per mode first")
+    bench_grpo.add_run_options(parser, "mode")
     parser.add_argument(
         "--points", type=int, nargs="*", default=None, help="indices into GRID (default: all)"
     )
-    parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
-    parser.add_argument("--scale", choices=["small", "large"], default="small", help="large: for a GPU run")
-    parser.add_argument("--smoke", action="store_true", help="a tiny model, to check the script quickly")
-    parser.add_argument("--seed", type=int, default=0)
     opts = parser.parse_args()
-    opts.bf16 = False
-    if opts.steps < 1 or opts.warmup < 0:
-        parser.error("--steps must be >= 1 and --warmup >= 0")
+    opts.bf16 = False  # fp32 only: `bench_grpo.build_trainer` reads it
     points = range(len(GRID)) if opts.points is None else opts.points
     if not all(0 <= i < len(GRID) for i in points):
         parser.error(f"--points must be indices from 0 to {len(GRID) - 1}")
-    cuda = opts.device == "cuda" or (opts.device is None and torch.cuda.is_available())
-    if cuda and not torch.cuda.is_available():
-        parser.error("--device cuda but CUDA is not available")
-    bench_grpo.quiet()
-    dims = bench_grpo.SCALES["smoke" if opts.smoke else opts.scale]
-    print(f"device: {'cuda ' + torch.cuda.get_device_name() if cuda else f'cpu, {torch.get_num_threads()} threads'}"
-          f"; scale: {'smoke' if opts.smoke else opts.scale}; steps: {opts.warmup} warm-up + {opts.steps} measured "
-          f"per mode, alternating full/shared\npeak memory: {bench_grpo.PeakMemory.METHOD[cuda]}")  # fmt: skip
+    cuda, dims = bench_grpo.start_run(parser, opts, "per mode, alternating full/shared")
     print(f"{'G':>3}{'P':>5}{'C':>5}{'saved':>8}{'auto':>7}{'full s':>10}{'shared s':>10}{'full MiB':>11}"
           f"{'shared MiB':>11}{'ratio':>9}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench_sharing_") as work:
