@@ -12,6 +12,7 @@ nothing sampling and nothing changed in the steps:
     peak resident set size is reset to the current one (`/proc/self/clear_refs`); the peak is `VmHWM` after a step
     minus `VmRSS` before the first. It counts what the process keeps resident, allocator caches included.
   - CUDA: `torch.cuda.max_memory_allocated()` after a step minus `memory_allocated()` before the first.
+A method wrapped with `StepRecorder.timed` (the model's `generate`) has its seconds per step recorded too.
 """
 
 from __future__ import annotations
@@ -103,8 +104,24 @@ class StepRecorder(TrainerCallback):
 
     def __init__(self, index: int, turns: Turns, cuda: bool):
         self.index, self.turns, self.cuda, self.memory = index, turns, cuda, PeakMemory(cuda)
-        self.record: dict[str, list] = {"times": [], "peaks": [], "patches": [], "logs": [], "starts": []}
+        keys = ("times", "peaks", "patches", "timed", "logs", "starts")
+        self.record: dict[str, list] = {key: [] for key in keys}
         self.vision_rows = 0  # patch rows through the vision tower, counted by a forward hook
+        self.timed_seconds = 0.0  # seconds in the calls wrapped by `timed`
+
+    def timed(self, method: Callable) -> Callable:
+        """`method` that adds its run time to this step's `timed_seconds` (synchronised on CUDA)."""
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                if self.cuda:
+                    torch.cuda.synchronize()
+                self.timed_seconds += time.perf_counter() - start
+
+        return wrapper
 
     def count_vision(self, module, args, kwargs) -> None:
         pixels = kwargs.get("hidden_states", args[0] if args else None)
@@ -114,7 +131,7 @@ class StepRecorder(TrainerCallback):
         self.memory.begin()
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.vision_rows = 0
+        self.vision_rows, self.timed_seconds = 0, 0.0
         self.record["starts"].append(time.time())
         self.start = time.perf_counter()
 
@@ -124,6 +141,7 @@ class StepRecorder(TrainerCallback):
         self.record["times"].append(time.perf_counter() - self.start)
         self.record["peaks"].append(self.memory.peak())
         self.record["patches"].append(self.vision_rows)
+        self.record["timed"].append(self.timed_seconds)
         self.turns.pass_turn(self.index)
 
     def on_log(self, args, state, control, logs=None, **kwargs):

@@ -20,7 +20,10 @@ allocator. Shapes:
   recipe_two_images: the same with two 448x448 images per prompt.
 Columns: tok/step and prompt/sample come from each trainer's logged `num_tokens`, completion lengths from its
 `completions/*_length` (a WARNING is printed unless all equal the target), and "ViT patches/step" counts rows
-entering the vision tower (a forward hook), which shows how often each trainer encodes the images.
+entering the vision tower (a forward hook), which shows how often each trainer encodes the images. "generate s" is
+the median time per step inside the model's `generate` (wrapped in both trainers): stock TRL's holds the vision
+tower, the prefill of every row and the decoding; vlm_grpo's (sharing a prefix) only the decoding, its vision and
+prefill run before. Both decode the same number of tokens with the same `generate`.
 The last lines are `ratio SHAPE: X` (ours / stock median step time), one per shape.
 """
 
@@ -166,14 +169,15 @@ def make_trainer(kind: str, model_dir: str, dataset: Dataset, common: dict, opts
 
 def report(name: str, rec: dict, G: int, length: int, warmup: int) -> float:
     """Print one table row from the measured steps (after `warmup`); return the median step time."""
-    times, peaks, patches = (rec[k][warmup:] for k in ("times", "peaks", "patches"))
+    times, peaks, patches, generate = (rec[k][warmup:] for k in ("times", "peaks", "patches", "timed"))
     logs = rec["logs"]
     cumulative = [0] + [log["num_tokens"] for log in logs]  # prompt + completion tokens, as each trainer logs
     tokens = statistics.median([b - a for a, b in zip(cumulative[:-1], cumulative[1:])][warmup:])
     lengths = {k: [log[f"completions/{k}_length"] for log in logs[warmup:]] for k in ("min", "mean", "max")}
     cmin, cmean, cmax = min(lengths["min"]), statistics.mean(lengths["mean"]), max(lengths["max"])
     median = statistics.median(times)
-    print(f"{name:<8}{median:>10.3f}{min(times):>8.3f}{max(times):>8.3f}{tokens:>10.0f}{tokens / median:>9.0f}"
+    print(f"{name:<8}{median:>10.3f}{min(times):>8.3f}{max(times):>8.3f}{statistics.median(generate):>12.3f}"
+          f"{tokens:>10.0f}{tokens / median:>9.0f}"
           f"{max(peaks) / 2**20:>10.1f}{tokens / G - cmean:>15.1f}{f'{cmin:.0f} / {cmean:.1f} / {cmax:.0f}':>26}"
           f"{statistics.median(patches):>18.0f}")  # fmt: skip
     if not cmin == cmax == length:
@@ -202,6 +206,7 @@ def build_trainer(name: str, key: str, opts, dims: dict, model_dir: str, lora: L
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     visual = (unwrapped.get_base_model() if lora else unwrapped).model.visual
     visual.register_forward_pre_hook(recorder.count_vision, with_kwargs=True)
+    unwrapped.generate = recorder.timed(unwrapped.generate)  # both trainers call this object's `generate`
     share = getattr(trainer.args, "share_prompt_prefix", "n/a (no such field)")
     return trainer, {"share": share}
 
@@ -221,7 +226,7 @@ def run_shape(key: str, opts, dims: dict, cuda: bool, work: Path) -> float:
     print(f"\n== {shape}: G={G}, {length} completion tokens, {spec['images']} x {side}x{side} image, {setup}, "
           f"{'bf16' if opts.bf16 else 'fp32'}, model {desc}, share_prompt_prefix={records['ours']['share']}\n"
           f"step order: {' '.join(step_order(records))}")  # fmt: skip
-    print(f"{'trainer':<8}{'median s':>10}{'min s':>8}{'max s':>8}{'tok/step':>10}{'tok/s':>9}{'peak MiB':>10}"
+    print(f"{'trainer':<8}{'median s':>10}{'min s':>8}{'max s':>8}{'generate s':>12}{'tok/step':>10}{'tok/s':>9}{'peak MiB':>10}"
           f"{'prompt/sample':>15}{'completion min/mean/max':>26}{'ViT patches/step':>18}")  # fmt: skip
     medians = {name: report(name, records[name], G, length, opts.warmup) for name in names}
     return medians["ours"] / medians["stock"]

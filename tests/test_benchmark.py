@@ -23,8 +23,9 @@ def test_benchmark_smoke_alternates_processes_and_prints_ratios():
     assert "WARNING: " not in out  # every completion has the forced length (DeepSpeed logs "[WARNING]")
     rows = {m[1]: m[2].split() for m in re.finditer(r"^(stock|ours) +(.*)$", out, re.M)}
     for name in ("stock", "ours"):
-        median, tokens, peak = float(rows[name][0]), float(rows[name][3]), float(rows[name][5])
+        median, generate, tokens, peak = (float(rows[name][k]) for k in (0, 3, 4, 6))
         assert median > 0 and peak > 0
+        assert 0 < generate < median  # the timed `generate` is part of the step
         assert tokens == 4 * (17 + 64)  # G=4 samples of a 17-token prompt and 64 completion tokens
         # 4 samples x 16 patch rows (one 56x56 image), in generation and in the training pass
         assert rows[name][-1] == "128"
