@@ -167,12 +167,17 @@ def make_trainer(kind: str, model_dir: str, dataset: Dataset, common: dict, opts
                           peft_config=copy.deepcopy(lora))  # fmt: skip
 
 
+def step_tokens(logs: list[dict]) -> list[float]:
+    """Prompt + completion tokens of each logged step, from the trainer's cumulative `num_tokens`."""
+    cumulative = [0] + [log["num_tokens"] for log in logs]
+    return [b - a for a, b in zip(cumulative[:-1], cumulative[1:])]
+
+
 def report(name: str, rec: dict, G: int, length: int, warmup: int) -> float:
     """Print one table row from the measured steps (after `warmup`); return the median step time."""
     times, peaks, patches, generate = (rec[k][warmup:] for k in ("times", "peaks", "patches", "timed"))
     logs = rec["logs"]
-    cumulative = [0] + [log["num_tokens"] for log in logs]  # prompt + completion tokens, as each trainer logs
-    tokens = statistics.median([b - a for a, b in zip(cumulative[:-1], cumulative[1:])][warmup:])
+    tokens = statistics.median(step_tokens(logs)[warmup:])
     lengths = {k: [log[f"completions/{k}_length"] for log in logs[warmup:]] for k in ("min", "mean", "max")}
     cmin, cmean, cmax = min(lengths["min"]), statistics.mean(lengths["mean"]), max(lengths["max"])
     median = statistics.median(times)

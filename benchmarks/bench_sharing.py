@@ -53,10 +53,7 @@ def run_point(key: str, opts, dims: dict, cuda: bool, work: Path) -> None:
         rec = records[mode]
         medians[mode] = statistics.median(rec["times"][opts.warmup :])
         peaks[mode] = max(rec["peaks"][opts.warmup :]) / 2**20
-        cumulative = [0] + [log["num_tokens"] for log in rec["logs"]]  # prompt + completion tokens so far
-        prompts |= {
-            round((b - a) / G - length) for a, b in zip(cumulative[:-1], cumulative[1:], strict=False)
-        }
+        prompts |= {round(tokens / G - length) for tokens in bench_grpo.step_tokens(rec["logs"])}
     (P,) = prompts  # every step: one group of the same prompt
     saved = (G - 1) * (P - 1) / (G * (P + length))
     auto = "share" if sharing_pays(P, length, [G]) else "full"
