@@ -22,7 +22,7 @@ subset of the first five. `internvl_moe` is the InternVL3.5 MoE shape: an `inter
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", *NEW_FAMILIES)
 """Families whose cache the shared prefix indexes from groups to rows; the per-family tests run on each."""
 FULL_ROW_FAMILIES = ("qwen3_5", "qwen3_5_moe")
-"""Families that declare `shares_prefix = False` (linear-attention state): every pass runs full rows.
+"""Families that declare `indexable_cache = False` (linear-attention state): every pass runs full rows.
 `test_families_full_rows` runs the `FAMILIES` tests on them through the trainer, which honours the fallback."""
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
 

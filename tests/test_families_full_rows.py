@@ -1,4 +1,4 @@
-"""Families whose cache the shared prefix does not index (`shares_prefix = False`): Qwen3.5 and Qwen3.5 MoE.
+"""Families whose cache the shared prefix does not index (`indexable_cache = False`): Qwen3.5 and Qwen3.5 MoE.
 
 Their Gated DeltaNet layers keep a convolution state and a recurrent state per row instead of keys and values. The
 trainer then runs full rows in every pass, whatever `share_prompt_prefix` says, with one log line. Here the tests
@@ -63,7 +63,7 @@ def test_vllm_payload_rows(family, family_setup):  # noqa: F811
 @pytest.mark.parametrize("family", FULL_ROW_FAMILIES)
 def test_every_pass_runs_full_rows_with_one_log_line(family, tiny_model, tmp_path, monkeypatch, caplog):
     """With `share_prompt_prefix: true`, generation and every log-prob pass still run full rows."""
-    assert get_model_family(tiny_model(family)).shares_prefix is False
+    assert get_model_family(tiny_model(family)).indexable_cache is False
     shared_calls = []
     for name in ("shared_prefix_logps", "shared_prefix_generate"):
         monkeypatch.setattr(vlm_grpo.trainer, name, lambda *a, _n=name, **k: shared_calls.append(_n))
@@ -74,9 +74,11 @@ def test_every_pass_runs_full_rows_with_one_log_line(family, tiny_model, tmp_pat
             args=grpo_args(tmp_path, share_prompt_prefix=True, beta=0.04, steps_per_generation=2),
             train_dataset=Dataset.from_list(color_rows(8)),
         )
-    lines = [r.getMessage() for r in caplog.records if "share_prompt_prefix does not apply" in r.getMessage()]
-    assert len(lines) == 1 and family in lines[0]
-    assert not trainer._shares_prefix() and not trainer._shares_prefix(generation=True)
+    lines = [r.getMessage() for r in caplog.records if "share_prompt_prefix: full rows" in r.getMessage()]
+    assert len(lines) == 1 and f"{family}'s cache cannot be indexed" in lines[0]
+    plan = trainer._generate_and_score_completions([r for r in color_rows(2) for _ in range(2)])["sharing"]
+    assert not (plan.generation or plan.scoring or plan.training)
+    assert all(family in why[0] for why in plan.reasons.values())
     trainer.train()
     assert shared_calls == []
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

@@ -17,9 +17,18 @@ from trl.trainer.utils import pad
 
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.rollout import load_rows
-from vlm_grpo.shared_prefix import find_groups, shared_prefix_generate, sharing_pays, shuffle_groups
+from vlm_grpo.shared_prefix import (
+    FULL_ROWS,
+    SharingPlan,
+    SharingPolicy,
+    find_groups,
+    shared_prefix_generate,
+    sharing_pays,
+    shuffle_batch,
+)
 
 G = 3  # completions per prompt in the hand-built batches
+SHARED = SharingPlan(generation=True, scoring=True, training=True)
 
 
 def make_trainer(path, tmp_path, **overrides) -> VLMGRPOTrainer:
@@ -57,8 +66,15 @@ def rollout_batch(trainer: VLMGRPOTrainer, rows: list[dict], seed: int = 0):
     }
 
 
+def sharing_plan(trainer: VLMGRPOTrainer, share: bool) -> SharingPlan:
+    """The plan a `share_prompt_prefix: true/false` policy makes for the trainer's family (some never share)."""
+    policy = SharingPolicy(
+        "true" if share else "false", trainer.family.model_type, trainer.family.indexable_cache, None
+    )
+    return policy.plan(prompt_len=2, completion_len=1, group_sizes=[2], agree=bool, generation=False)
+
+
 def logps_and_grads(trainer: VLMGRPOTrainer, batch: dict, share: bool, micro_batch: int = 4):
-    trainer.args.share_prompt_prefix = share
     model = trainer.model
     model.zero_grad()
     logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
@@ -69,6 +85,7 @@ def logps_and_grads(trainer: VLMGRPOTrainer, batch: dict, share: bool, micro_bat
         micro_batch,  # default 4 rows: smaller than the batch of 18, and cutting groups of G=3
         compute_entropy=True,
         image_inputs=batch["image_inputs"],
+        sharing=sharing_plan(trainer, share),
     )
     weights = torch.linspace(-1, 1, logps.numel()).view_as(
         logps
@@ -161,7 +178,9 @@ def test_two_training_steps_match_unshared(family, tiny_model, tmp_path):
     """2 steps (2 micro-batches per generation, reference model, sampling) from one seed: same parameters.
 
     Plain SGD, so that parameters follow gradients: Adam's first step is sign(g)*lr, which turns rounding noise on
-    gradients that are exactly 0 in theory into full-size differences.
+    gradients that are exactly 0 in theory into full-size differences. Both micro-batches of a generation batch feed
+    one optimizer step: shared passes keep groups whole in micro-batches where full rows move rows as TRL does, and
+    only a split the loss does not depend on makes the two comparable.
     """
     params = {}
     for share in (False, True):
@@ -172,6 +191,7 @@ def test_two_training_steps_match_unshared(family, tiny_model, tmp_path):
             per_device_train_batch_size=6,
             num_generations=3,
             steps_per_generation=2,
+            gradient_accumulation_steps=2,
             beta=0.1,
             optim="sgd",
             learning_rate=0.1,
@@ -224,23 +244,48 @@ def test_find_groups():
     assert find_groups(ids[:2], [a, b]).first.tolist() == [0, 1]
 
 
-def test_shuffle_groups_keeps_groups_together():
-    torch.manual_seed(0)
+def shuffle_case():
+    """15 rows: 5 groups of 3, with per-row tensors, the image dicts and a 0-d tensor."""
     mms = [{} for _ in range(5)]
     rows = [g for g in range(5) for _ in range(3)]
     batch = {
         "prompt_ids": torch.tensor([[g, g] for g in rows]),
-        "advantages": torch.tensor(rows, dtype=torch.float),
+        "advantages": torch.arange(15, dtype=torch.float),
         "image_inputs": [mms[g] for g in rows],
         "num_items_in_batch": torch.tensor(15),
     }
-    out = shuffle_groups(batch)
+    return batch, rows, mms
+
+
+def test_shuffle_batch_keeps_groups_together_when_passes_share():
+    batch, rows, mms = shuffle_case()
+    torch.manual_seed(0)
+    out = shuffle_batch(batch, SHARED)
+    after = torch.rand(1)
     order = out["prompt_ids"][:, 0].tolist()
     assert sorted(order) == rows and order != rows
     assert all(len(set(order[i : i + 3])) == 1 for i in range(0, 15, 3))
-    assert out["advantages"].tolist() == [float(g) for g in order]
+    advantages = out["advantages"].tolist()  # rows keep their order inside a group
+    assert all(advantages[i] < advantages[i + 1] < advantages[i + 2] for i in range(0, 15, 3))
     assert all(mm is mms[g] for mm, g in zip(out["image_inputs"], order, strict=True))
     assert out["num_items_in_batch"].item() == 15
+    # groups come in the order TRL's permutation places their first rows; the generator moved as TRL's does
+    torch.manual_seed(0)
+    permutation = torch.randperm(15).tolist()
+    firsts = [r for r in permutation if r % 3 == 0]
+    assert order[::3] == [r // 3 for r in firsts] and torch.equal(torch.rand(1), after)
+
+
+def test_shuffle_batch_moves_rows_as_trl_when_no_pass_shares():
+    from trl.trainer.utils import shuffle_sequence_dict
+
+    batch, _, _ = shuffle_case()
+    torch.manual_seed(0)
+    ours, ours_next = shuffle_batch(batch, FULL_ROWS), torch.rand(1)
+    torch.manual_seed(0)
+    stock, stock_next = shuffle_sequence_dict(batch), torch.rand(1)
+    assert torch.equal(ours["advantages"], stock["advantages"]) and torch.equal(ours_next, stock_next)
+    assert all(a is b for a, b in zip(ours["image_inputs"], stock["image_inputs"], strict=True))
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
@@ -256,8 +301,6 @@ def test_gradient_checkpointing_keeps_the_shared_path_exact(family, tiny_model, 
     hook = trainer.model.get_input_embeddings().register_forward_hook(
         lambda m, i, o: counts.__setitem__("tokens", counts["tokens"] + i[0].numel())
     )
-    trainer.args.share_prompt_prefix = True
-    assert trainer._shares_prefix()
     shared_logps, _, shared_grads = logps_and_grads(trainer, batch, share=True)
     hook.remove()
     assert counts["tokens"] < batch["input_ids"].numel()  # the shared path ran, not full rows
@@ -294,10 +337,11 @@ def test_share_prompt_prefix_auto_decides_per_batch(
         tiny_model("qwen2_vl"), tmp_path, share_prompt_prefix=mode, max_completion_length=max_completion_length,
         generation_kwargs={"min_new_tokens": max_completion_length},
     )  # fmt: skip
-    trainer._generate_and_score_completions(
+    batch = trainer._generate_and_score_completions(
         [r for r in color_rows(2) for _ in range(2)]
     )  # prompts of 17 tokens
-    assert trainer._shares_prefix() is shares
+    plan = batch["sharing"]
+    assert plan.generation is plan.scoring is plan.training is shares
 
 
 def test_share_prompt_prefix_values(tmp_path):
@@ -306,3 +350,120 @@ def test_share_prompt_prefix_values(tmp_path):
     assert grpo_args(tmp_path, share_prompt_prefix=False).share_prompt_prefix == "false"
     with pytest.raises(VLMGRPOError, match="share_prompt_prefix must be true, false or auto, got 'maybe'"):
         grpo_args(tmp_path, share_prompt_prefix="maybe")
+
+
+# generation_kwargs that stock TRL trains with and that keep `generate` from continuing a prompt cache
+FULL_ROW_GENERATION = {
+    "cache_implementation": ({"cache_implementation": "static"}, "cache_implementation 'static'"),
+    "num_beams": ({"num_beams": 2}, "beam_sample decoding"),
+    "use_cache": ({"use_cache": False}, "use_cache: false"),
+    "prefill_chunk_size": ({"prefill_chunk_size": 4}, "prefill_chunk_size"),
+}
+
+
+@pytest.mark.parametrize("case", list(FULL_ROW_GENERATION))
+def test_generation_options_that_need_full_rows(case, tiny_model, tmp_path, caplog):
+    """Such an option makes generation run full rows (one log line) and trains as with sharing off; passes share."""
+    import logging
+
+    kwargs, reason = FULL_ROW_GENERATION[case]
+    completions, plans = {}, {}
+    for share in (True, False):
+        seen = []
+
+        def reward(completions, _seen=seen, **_):
+            _seen.extend(c[0]["content"] for c in completions)
+            return length_reward(completions)
+
+        with caplog.at_level(logging.INFO, logger="vlm_grpo.trainer"):
+            trainer = VLMGRPOTrainer(
+                model=tiny_model("qwen2_vl"),
+                reward_funcs=reward,
+                args=grpo_args(
+                    tmp_path / str(share), share_prompt_prefix=share, generation_kwargs=kwargs, max_steps=1
+                ),
+                train_dataset=Dataset.from_list(color_rows(8)),
+            )
+        trainer.train()
+        completions[share] = seen
+        plans[share] = trainer._sharing.plan(17, 4, [2, 2], agree=bool, generation=False)
+    lines = [r.getMessage() for r in caplog.records if "share_prompt_prefix: full rows" in r.getMessage()]
+    assert len(lines) == 1 and reason in lines[0].partition("generation: ")[2] and "scoring" not in lines[0]
+    assert completions[True] == completions[False] and len(completions[True]) == 4
+    assert plans[True].scoring and plans[True].training  # the log-prob passes still share
+
+
+def test_generation_obstacles_come_from_the_merged_config():
+    from transformers import GenerationConfig
+
+    from vlm_grpo.shared_prefix import generation_obstacle
+
+    assert generation_obstacle(GenerationConfig(do_sample=True)) is None
+    assert generation_obstacle(GenerationConfig(do_sample=False, max_new_tokens=4)) is None
+    assert "beam_search" in generation_obstacle(GenerationConfig(num_beams=2))
+    assert "contrastive_search" in generation_obstacle(GenerationConfig(penalty_alpha=0.5, top_k=4))
+    assert "assisted_generation" in generation_obstacle(
+        GenerationConfig(do_sample=True, prompt_lookup_num_tokens=2)
+    )
+    assert "num_return_sequences" in generation_obstacle(
+        GenerationConfig(do_sample=True, num_return_sequences=2)
+    )
+    assert "token_healing" in generation_obstacle(GenerationConfig(token_healing=True))
+
+
+def test_model_generation_config_reaches_the_decision(tiny_model, tmp_path):
+    """A `cache_implementation` in the model's own generation_config.json is what `generate` merges in: full rows."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    path = tmp_path / "model"
+    shutil.copytree(tiny_model("qwen2_vl"), path)
+    config = GenerationConfig.from_pretrained(path)
+    config.cache_implementation = "static"
+    config.save_pretrained(path)
+    trainer = VLMGRPOTrainer(
+        model=str(path), reward_funcs=length_reward, args=grpo_args(tmp_path, share_prompt_prefix=True),
+        train_dataset=Dataset.from_list(color_rows(8)),
+    )  # fmt: skip
+    assert trainer.generation_config.cache_implementation is None  # TRL's own config leaves it unset
+    assert "static" in trainer._sharing.fixed["generation"][0]
+    trainer.train()
+
+
+def test_num_return_sequences_is_refused(tmp_path):
+    from vlm_grpo.errors import VLMGRPOError
+
+    with pytest.raises(VLMGRPOError, match="set num_generations instead"):
+        grpo_args(tmp_path, generation_kwargs={"num_return_sequences": 2})
+
+
+def test_evaluation_leaves_the_buffered_training_plan(tiny_model, tmp_path, monkeypatch):
+    """An evaluation between two micro-batches of one rollout does not change what the second one shares.
+
+    Training groups of 2 share (`auto`); the evaluation's groups of 1 save nothing and run full rows.
+    """
+    import vlm_grpo.trainer
+
+    calls = []
+    original = vlm_grpo.trainer.shared_prefix_logps
+
+    def shared(*args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(vlm_grpo.trainer, "shared_prefix_logps", shared)
+    trainer = VLMGRPOTrainer(
+        model=tiny_model("qwen2_vl"),
+        reward_funcs=length_reward,
+        args=grpo_args(
+            tmp_path, share_prompt_prefix="auto", steps_per_generation=2, max_completion_length=2,
+            eval_strategy="steps", eval_steps=1, num_generations_eval=1, per_device_eval_batch_size=2,
+        ),
+        train_dataset=Dataset.from_list(color_rows(8)),
+        eval_dataset=Dataset.from_list(color_rows(2)),
+    )  # fmt: skip
+    trainer.train()
+    evals = [e for e in trainer.state.log_history if "eval_loss" in e]
+    assert len(evals) == 2  # an evaluation ran between the two micro-batches of the one rollout
+    assert calls.count(True) == 2  # both training forwards shared each group's prompt

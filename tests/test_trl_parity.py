@@ -10,11 +10,20 @@ The other tests each cover one behaviour that differed from TRL before.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
-from conftest import color_dataset, color_rows, grpo_args, length_reward, square_image
+from conftest import (
+    FAMILIES,
+    FULL_ROW_FAMILIES,
+    color_dataset,
+    color_rows,
+    grpo_args,
+    length_reward,
+    square_image,
+)
 from datasets import Dataset
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForImageTextToText
@@ -134,6 +143,120 @@ def test_one_step_matches_trl(case, qwen, tmp_path):
     stock_params = dict(stock.model.named_parameters())
     for name, param in ours.model.named_parameters():
         torch.testing.assert_close(param, stock_params[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+ROLLOUT_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
+SCHEDULES = {  # (steps_per_generation, num_iterations): each rollout feeds spg * iterations optimizer steps
+    "one_step_per_rollout": (1, 1),
+    "two_micro_batches": (2, 1),
+    "two_iterations": (1, 2),
+    "two_micro_batches_two_iterations": (2, 2),
+}
+
+
+def recorded_length(completions, seen: list, **kwargs) -> list[float]:
+    """`length_reward` that also records every batch of completions it scores (training and evaluation)."""
+    seen.append([c[0]["content"] for c in completions])
+    return length_reward(completions)
+
+
+def train_rollouts(trainer_cls, config_cls, path, processor, placeholders, tmp_path, options):
+    """Train 3 rollouts with an evaluation after every step; return the trainer and the completions scored."""
+    seen: list[list[str]] = []
+    args = config_cls(
+        output_dir=str(tmp_path / trainer_cls.__name__),
+        **{**COMMON, "generation_kwargs": {"suppress_tokens": placeholders}, **options},
+    )
+    torch.manual_seed(0)
+    trainer = trainer_cls(
+        model=path,
+        reward_funcs=partial(recorded_length, seen=seen),
+        args=args,
+        train_dataset=color_dataset(8),
+        eval_dataset=color_dataset(4),
+        processing_class=processor,
+    )
+    trainer.train()
+    return trainer, seen
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("family", ROLLOUT_FAMILIES)
+def test_three_rollouts_match_trl(family, schedule, tiny_model, tmp_path):
+    """Three rollouts, evaluated after every step: the same completions, metrics and weights as stock TRL.
+
+    `share_prompt_prefix: false` runs the passes TRL runs, so everything must agree to rounding, from the first
+    sampled token of the first rollout to the last weight, whatever the micro-batch split.
+    """
+    path = tiny_model(family)
+    fam = get_model_family(path)
+    processor = fam.load_processor(path)
+    placeholders = fam.placeholder_token_ids(
+        processor, AutoModelForImageTextToText.from_pretrained(path).config
+    )
+    spg, iterations = SCHEDULES[schedule]
+    options = dict(
+        steps_per_generation=spg, num_iterations=iterations, max_steps=3 * spg * iterations,
+        eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4,
+    )  # fmt: skip
+    stock, stock_seen = train_rollouts(
+        GRPOTrainer, GRPOConfig, path, processor, placeholders, tmp_path, options
+    )
+    ours, our_seen = train_rollouts(
+        VLMGRPOTrainer, VLMGRPOConfig, path, processor, placeholders, tmp_path,
+        {**options, "share_prompt_prefix": False},
+    )  # fmt: skip
+    assert our_seen == stock_seen  # every completion of every rollout, training and evaluation
+    # 3 rollouts, and an evaluation after each of the 3 * spg * iterations steps: 4 prompts x 2 in batches of 4
+    assert len(stock_seen) == 3 + 2 * (3 * spg * iterations)
+    assert len(ours.state.log_history) == len(stock.state.log_history)
+    for stock_entry, our_entry in zip(stock.state.log_history, ours.state.log_history, strict=True):
+        timings = {k for k in stock_entry if "time" in k or "per_second" in k}
+        shared = set(stock_entry) - timings
+        assert shared and shared <= set(our_entry)  # every metric stock logs, ours logs too
+        for key in shared:
+            assert math.isclose(our_entry[key], stock_entry[key], rel_tol=1e-4, abs_tol=1e-5), key
+    stock_params = dict(stock.model.named_parameters())
+    for name, param in ours.model.named_parameters():
+        torch.testing.assert_close(param, stock_params[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+SAMPLING_FIELDS = (
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "cache_implementation",
+)
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, *FULL_ROW_FAMILIES])
+def test_generate_samples_with_trls_settings(family, tiny_model, tmp_path, monkeypatch):
+    """The tiny models carry their published sampling defaults (Qwen2.5-VL: temperature 1e-6, repetition penalty
+    1.05; Qwen3-VL: top_k 20; Gemma 3: top_k 64, a hybrid cache ...); `generate` runs with the settings TRL chose."""
+    from transformers import GenerationMixin
+
+    used = []
+    original = GenerationMixin._prepare_generation_config
+
+    def recording(self, generation_config, **kwargs):
+        config, model_kwargs = original(self, generation_config, **kwargs)
+        used.append({name: getattr(config, name) for name in SAMPLING_FIELDS})
+        return config, model_kwargs
+
+    monkeypatch.setattr(GenerationMixin, "_prepare_generation_config", recording)
+    args = grpo_args(tmp_path, max_steps=1, temperature=0.9, share_prompt_prefix=True)
+    trainer = VLMGRPOTrainer(tiny_model(family), length_reward, args=args, train_dataset=color_dataset(4))
+    published = trainer.model.generation_config
+    assert published.do_sample or family not in ("qwen2_5_vl", "qwen3_vl", "gemma3")
+    trainer.train()
+    chosen = dict(
+        do_sample=True, temperature=0.9, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, cache_implementation=None,
+    )  # fmt: skip
+    assert used and all(u == chosen for u in used), (used, published)
 
 
 def test_chat_template_kwargs_reach_the_training_prompt(qwen, tmp_path):
@@ -398,11 +521,14 @@ def test_aux_loss_pass_runs_full_rows(qwen, tmp_path):
     trainer = VLMGRPOTrainer(
         path,
         length_reward,
-        args=grpo_args(tmp_path),
+        args=grpo_args(tmp_path, share_prompt_prefix=True),
         train_dataset=color_dataset(4),
         processing_class=processor,
     )
-    assert trainer._shares_prefix() and not trainer._shares_prefix(compute_aux_loss=True)
+    plan = trainer._generate_and_score_completions([r for r in color_rows(2) for _ in range(2)])["sharing"]
+    assert plan.shares(builds_graph=True) and plan.shares(builds_graph=False)
+    # the pass returning the aux loss is the training forward; a MoE model's plan runs it on full rows
+    assert plan.shares(builds_graph=False, aux_loss=True) is plan.training
 
 
 def test_truncation_is_judged_on_eos_or_pad():

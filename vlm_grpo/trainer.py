@@ -59,7 +59,15 @@ from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
 from .rewards.guard import RewardError, guard_reward
 from .rollout import image_names, is_truncated, load_rows, pad_rows, row_images, same_prompt
 from .sample_log import samples_path, write_samples
-from .shared_prefix import shared_prefix_generate, shared_prefix_logps, sharing_pays, shuffle_groups
+from .shared_prefix import (
+    FULL_ROWS,
+    SharingPlan,
+    SharingPolicy,
+    group_sizes,
+    shared_prefix_generate,
+    shared_prefix_logps,
+    shuffle_batch,
+)
 from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
 from .vllm_payload import build_vllm_payload, vllm_generate_kwargs
 
@@ -145,9 +153,9 @@ class VLMGRPOTrainer(GRPOTrainer):
         self.beta = args.beta
         self.family: ModelFamily = family
         self.placeholder_token_ids = placeholders
-        self._init_rollout_state()
         self._check_dataset_size(train_dataset)
         self._configure_generation()
+        self._init_rollout_state()
         if builds_reference:
             self.ref_model = self._build_reference_model(
                 reference or family.load_model(model_path, **init_kwargs)
@@ -172,13 +180,9 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     def _init_rollout_state(self) -> None:
         """State of the rollout and of the per-step metrics, set once TRL's `__init__` has run."""
-        self._active_image_inputs: Sequence[dict[str, torch.Tensor]] | None = None  # the micro-batch's images
+        self._active_inputs: dict[str, Any] | None = None  # the micro-batch `_compute_loss` is training on
         self._timer, self._step_seconds, self._step_tokens = PhaseTimer(), 0.0, 0
         self._vision_dummy: EncodedPrompt | None = None
-        self._sharing_pays = True  # `share_prompt_prefix: auto`, decided per generation batch
-        if not self.family.shares_prefix and sharing_mode(self.args.share_prompt_prefix) != "false":
-            logger.info(f"{self.family.model_type}: share_prompt_prefix does not apply (its cache is not shareable); "
-                        "every pass runs full rows.")  # fmt: skip
         zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
         # ZeRO-3 gathers each module's shards collectively: see `vision_dummy`
         self._zero3_multi_process = zero3 and self.accelerator.num_processes > 1
@@ -190,14 +194,24 @@ class VLMGRPOTrainer(GRPOTrainer):
         # runs the vision tower's collectives alone.
         per_module_gathers = self._zero3_multi_process and not self.args.ds3_gather_for_generation
         self._image_features = None if vision_trains or per_module_gathers else ImageFeatureCache(self.family)
-        # Measured on CPU: under ZeRO-3, a shared-prefix log-prob pass whose forward runs no trained vision parameter
-        # fails in backward (TRL's fused LM head hands a full-size gradient to the partitioned `lm_head` weight). With
-        # frozen vision those passes run full rows; generation still shares each prompt.
-        self._full_row_logps = zero3 and self._image_features is not None and self.family.shares_prefix
-        if self._full_row_logps and sharing_mode(self.args.share_prompt_prefix) != "false":
-            logger.info(
-                "ZeRO-3 with frozen vision: log-prob passes run full rows; generation shares each prompt."
-            )
+        checkpointing = self.args.gradient_checkpointing_kwargs or {}
+        self._sharing = SharingPolicy(
+            mode=sharing_mode(self.args.share_prompt_prefix),
+            model_type=self.family.model_type,
+            indexable_cache=self.family.indexable_cache,
+            generation_config=None if self.use_vllm else self._merged_generation_config(),
+            zero3_frozen_vision=zero3 and self._image_features is not None,
+            reentrant_checkpointing=self.args.gradient_checkpointing
+            and checkpointing.get("use_reentrant", False),
+            aux_loss=self.aux_loss_enabled,
+        )
+        if self._sharing.describe():
+            logger.info(self._sharing.describe())
+
+    def _merged_generation_config(self) -> GenerationConfig:
+        """The config `generate` runs with: TRL's, where unset filled from the model's own, as `generate` merges them."""
+        model = self.accelerator.unwrap_model(self.model)
+        return model._prepare_generation_config(self.generation_config)[0]
 
     def _reusing_image_features(
         self, model: torch.nn.Module, image_inputs: Sequence[dict]
@@ -349,17 +363,21 @@ class VLMGRPOTrainer(GRPOTrainer):
         return loss
 
     def _prepare_inputs(self, generation_batch):
-        """TRL's buffering of a generation batch, but shuffled by whole groups so that micro-batches keep them.
+        """TRL's buffering of a generation batch, shuffled with TRL's draw (by whole groups when passes share).
 
-        A micro-batch then holds complete groups whenever group sizes divide it, and each group's prompt is computed
-        once per pass (see `shared_prefix`). Evaluation is unchanged.
+        When a log-prob pass shares each group's prompt, a micro-batch holds complete groups whenever group sizes
+        divide it, and each group's prompt is computed once per pass (see `shared_prefix.shuffle_batch`). Evaluation
+        is unchanged.
         """
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self._step % generate_every == 0 or self._buffered_inputs is None:
-            batch = shuffle_groups(self._generate_and_score_completions(generation_batch))
-            self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+            batch = self._generate_and_score_completions(generation_batch)
+            plan = batch.pop("sharing")  # every micro-batch carries its generation batch's plan
+            batch = shuffle_batch(batch, plan)
+            micro_batches = split_tensor_dict(batch, self.args.steps_per_generation)
+            self._buffered_inputs = [{**micro_batch, "sharing": plan} for micro_batch in micro_batches]
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     # ------------------------------------------------------------------------------------------ rollout
@@ -372,15 +390,18 @@ class VLMGRPOTrainer(GRPOTrainer):
             self._image_features.clear()  # the previous generation batch's features are not needed any more
         with timer("gen"):
             encoded = self._encode_prompts(rows)
-            self._decide_sharing(encoded, self.max_completion_length)
-            completion_ids_list, sampling_logps_list = self._sample(rows, encoded, mode)
+            shared_generation = self._sharing.shares_generation(
+                *self._shape(encoded, self.max_completion_length)
+            )
+            completion_ids_list, sampling_logps_list = self._sample(rows, encoded, mode, shared_generation)
         prompt_ids_list = [e.input_ids for e in encoded]
         completions = self.family.decode_completions(
             self.processing_class, completion_ids_list, prompt_ids_list
         )
         self._log_lengths(mode, prompt_ids_list, completion_ids_list)
         batch = self._pad_batch(encoded, completion_ids_list, sampling_logps_list)
-        self._decide_sharing(encoded, batch["completion_ids"].size(1))
+        width = batch["completion_ids"].size(1)
+        batch["sharing"] = self._sharing.plan(*self._shape(encoded, width), generation=shared_generation)
         self._old_and_reference_logps(batch, mode, timer)
 
         prompts = self._reward_prompts(inputs)
@@ -442,14 +463,26 @@ class VLMGRPOTrainer(GRPOTrainer):
             "or lower max_completion_length."
         )
 
+    def _shape(self, encoded: list[EncodedPrompt], completion_len: int) -> tuple:
+        """`(P, C, group sizes, agree)`: what `SharingPolicy` decides from; `agree` asks every process."""
+
+        def agree(local: bool) -> bool:
+            return bool(self.accelerator.gather(torch.tensor([local], device=self.accelerator.device)).all())
+
+        prompt_len = max(len(e.input_ids) for e in encoded)
+        return prompt_len, completion_len, group_sizes(encoded), agree
+
     def _sample(
-        self, rows: list[dict[str, Any]], encoded: list[EncodedPrompt], mode: str
+        self, rows: list[dict[str, Any]], encoded: list[EncodedPrompt], mode: str, shared: bool
     ) -> tuple[list[list[int]], list[list[float]] | None]:
-        """One completion per row, cut after its first eos; with vLLM also the sampled tokens' log-probs."""
+        """One completion per row, cut after its first eos; with vLLM also the sampled tokens' log-probs.
+
+        `shared`: `generate` continues each group from one prefill of its prompt (see `SharingPolicy`).
+        """
         if self.use_vllm:
             num_generations = self.num_generations if mode == "train" else self.num_generations_eval
             return self._sample_with_vllm(rows, encoded, num_generations)
-        return self._sample_with_transformers(encoded), None
+        return self._sample_with_transformers(encoded, shared), None
 
     def _sample_with_vllm(
         self, rows: list[dict[str, Any]], encoded: list[EncodedPrompt], num_generations: int
@@ -471,7 +504,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         sampling_logps = [[lp[0] for lp in seq] for seq in logprobs]  # the sampled token's log-prob
         return [list(ids) for ids in completion_ids], sampling_logps
 
-    def _sample_with_transformers(self, encoded: list[EncodedPrompt]) -> list[list[int]]:
+    def _sample_with_transformers(self, encoded: list[EncodedPrompt], shared: bool) -> list[list[int]]:
         """`generate` on the left-padded prompts; each group's prompt is prefilled once when the prefix is shared."""
         prompt_ids, prompt_mask = pad_rows(
             [e.input_ids for e in encoded], self._tokenizer.pad_token_id, "left", self.pad_to_multiple_of
@@ -493,7 +526,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             torch.no_grad(),
             self._reusing_image_features(unwrapped_model, image_inputs),
         ):
-            if self._shares_prefix(generation=True):
+            if shared:
                 base_model = self._base_model(unwrapped_model)
                 output = shared_prefix_generate(
                     unwrapped_model, base_model, self.family, prompt_ids, prompt_mask, image_inputs,
@@ -552,7 +585,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         size = (
             self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         )
-        args = (input_ids, attention_mask, logits_to_keep, size)
+        args = (input_ids, attention_mask, logits_to_keep, size, batch["image_inputs"], batch["sharing"])
         generate_every = self.args.steps_per_generation * self.num_iterations
         with (
             torch.no_grad(),
@@ -560,33 +593,35 @@ class VLMGRPOTrainer(GRPOTrainer):
         ):
             if self.args.gradient_accumulation_steps % generate_every != 0:
                 with timer("old_log_prob"):
-                    batch["old_per_token_logps"] = self._get_per_token_logps_and_entropies(
-                        self.model, *args, image_inputs=batch["image_inputs"]
-                    )[0]  # [B, C]
+                    batch["old_per_token_logps"] = self._policy_logps(self.model, *args)  # [B, C]
             if self.beta != 0.0:
                 with timer("ref"):
-                    batch["ref_per_token_logps"] = self._reference_logps(
-                        *args, batch["image_inputs"]
-                    )  # [B, C]
+                    batch["ref_per_token_logps"] = self._reference_logps(*args)  # [B, C]
 
-    def _reference_logps(
-        self, input_ids, attention_mask, logits_to_keep, batch_size, image_inputs
+    def _policy_logps(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size, image_inputs, sharing
     ) -> torch.Tensor:
-        """The reference model's log-probs; with PEFT, the policy with its "ref" adapter (or no adapter), as TRL."""
+        """`[B, C]` log-probs of `model` over a whole generation batch, in chunks of `batch_size` rows."""
+        return self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size,
+            image_inputs=image_inputs,
+            sharing=sharing,
+        )[0]
+
+    def _reference_logps(self, *args) -> torch.Tensor:
+        """The reference model's log-probs; with PEFT, the policy with its "ref" adapter (or no adapter), as TRL.
+
+        Args are those of `_policy_logps` after the model.
+        """
         if self.ref_model is not None:
-            return self._get_per_token_logps_and_entropies(
-                self.ref_model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size,
-                image_inputs=image_inputs,
-            )[0]
+            return self._policy_logps(self.ref_model, *args)
         unwrapped = self.accelerator.unwrap_model(self.model)
         with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-            return self._get_per_token_logps_and_entropies(
-                self.model, input_ids, attention_mask, logits_to_keep, batch_size, image_inputs=image_inputs
-            )[0]
+            return self._policy_logps(self.model, *args)
 
     @staticmethod
     def _reward_prompts(inputs: list[dict[str, Any]]) -> list[Any]:
@@ -623,21 +658,25 @@ class VLMGRPOTrainer(GRPOTrainer):
         compute_entropy=False,
         compute_aux_loss=False,
         image_inputs: Sequence[dict[str, torch.Tensor]] | None = None,
+        sharing: SharingPlan | None = None,
         **trl_multimodal_kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Per-token log-probs `[B, C]` of the last `logits_to_keep` tokens, entropies and MoE aux loss.
 
-        Image tensors come per sample (`image_inputs`, or the micro-batch being trained on, set by `_compute_loss`);
-        TRL's flat keyword arguments (`pixel_values=...`) are never used and must be None.
+        Image tensors come per sample (`image_inputs`) and the batch's `SharingPlan` says whether the pass shares each
+        group's prompt; both default to those of the micro-batch being trained on (set by `_compute_loss`). TRL's flat
+        keyword arguments (`pixel_values=...`) are never used and must be None.
         """
         stray = sorted(k for k, v in trl_multimodal_kwargs.items() if v is not None)
         if stray:
             raise RuntimeError(
                 f"Unexpected flat multimodal inputs {stray}: VLMGRPOTrainer keeps them per sample."
             )
-        image_inputs = self._active_image_inputs if image_inputs is None else image_inputs
+        active = self._active_inputs or {}
+        image_inputs = active.get("image_inputs") if image_inputs is None else image_inputs
+        sharing = active.get("sharing", FULL_ROWS) if sharing is None else sharing
         batch_size = batch_size or input_ids.size(0)
-        shared = self._shares_prefix(compute_aux_loss=compute_aux_loss)
+        shared = sharing.shares(builds_graph=torch.is_grad_enabled(), aux_loss=compute_aux_loss)
         all_logps, all_entropies, all_aux = [], [], []
         for start in range(0, input_ids.size(0), batch_size):
             rows = slice(start, start + batch_size)
@@ -692,44 +731,6 @@ class VLMGRPOTrainer(GRPOTrainer):
             entropies = drop_dummy_row(entropies) if compute_entropy else None
         return logps, entropies, aux
 
-    def _decide_sharing(self, encoded: list[EncodedPrompt], completion_len: int) -> None:
-        """For `share_prompt_prefix: auto`: whether sharing pays for this generation batch's shapes.
-
-        Every process takes the same decision (sharing only if it pays on all), so that all run the same number of
-        forward calls: ZeRO-3 gathers parameters collectively in each.
-        """
-        sizes = [1]
-        for previous, item in zip(encoded, encoded[1:], strict=False):
-            if item is previous:
-                sizes[-1] += 1
-            else:
-                sizes.append(1)
-        prompt_len = max(len(e.input_ids) for e in encoded)
-        pays = torch.tensor([sharing_pays(prompt_len, completion_len, sizes)], device=self.accelerator.device)
-        self._sharing_pays = bool(self.accelerator.gather(pays).all())
-
-    def _shares_prefix(self, compute_aux_loss: bool = False, generation: bool = False) -> bool:
-        """Whether this pass runs each group's prompt once (see `shared_prefix`).
-
-        Full rows instead: when sharing is off, or `auto` and it does not pay for this batch; for the MoE aux loss; for
-        generation with a `cache_implementation` (generate then builds its own cache); for log-prob passes under ZeRO-3
-        with frozen vision (see `_init_rollout_state`); and for a forward that builds a graph under reentrant gradient
-        checkpointing, which detaches what a layer writes to the KV cache (the transformers default is
-        non-reentrant).
-        """
-        mode = sharing_mode(self.args.share_prompt_prefix)
-        if mode == "false" or (mode == "auto" and not self._sharing_pays) or compute_aux_loss:
-            return False
-        if not self.family.shares_prefix:
-            return False
-        if generation:
-            return self.args.cache_implementation is None
-        if self._full_row_logps:
-            return False
-        if torch.is_grad_enabled() and self.args.gradient_checkpointing:
-            return not (self.args.gradient_checkpointing_kwargs or {}).get("use_reentrant", False)
-        return True
-
     def _base_model(self, model: torch.nn.Module) -> PreTrainedModel:
         """The transformers model under any DDP/DeepSpeed wrapper and PEFT adapter."""
         unwrapped = self.accelerator.unwrap_model(model)
@@ -737,12 +738,12 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
-        """TRL's GRPO loss; the forward reads this micro-batch's per-sample image tensors."""
-        self._active_image_inputs = inputs["image_inputs"]
+        """TRL's GRPO loss; the forward reads this micro-batch's per-sample image tensors and sharing plan."""
+        self._active_inputs = inputs
         try:
             return super()._compute_loss(model, inputs)
         finally:
-            self._active_image_inputs = None
+            self._active_inputs = None
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):

@@ -70,9 +70,7 @@ GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
     "top_k": _parity("sampling"),
     "min_p": _parity("sampling"),
     "repetition_penalty": _parity("sampling"),
-    "generation_kwargs": Honoured(
-        "tests/test_trl_parity.py::test_generation_kwargs_merge_with_placeholder_suppression"
-    ),
+    "generation_kwargs": Honoured("tests/test_shared_prefix.py::test_generation_options_that_need_full_rows"),
     "chat_template_kwargs": _parity("chat_template_kwargs"),
     "cache_implementation": Honoured(
         "tests/test_trl_parity.py::test_cache_implementation_with_shared_prefix"
@@ -170,12 +168,24 @@ TRAINING_ARGUMENTS: dict[str, Honoured | Rejected] = {
 """`TrainingArguments` fields this project treats otherwise than `transformers.Trainer`; all others are Trainer's."""
 
 
+GENERATION_KWARGS: dict[str, Rejected] = {
+    "num_return_sequences": Rejected(
+        lambda kwargs: (kwargs.get("num_return_sequences") or 1) > 1,
+        "generation_kwargs num_return_sequences > 1 would sample more rows than the batch holds (TRL fails on it "
+        "too); GRPO samples num_generations completions per prompt: set num_generations instead.",
+    ),
+}
+"""Values inside `generation_kwargs` that are refused; every other key is passed to `generate` as TRL passes it."""
+
+
 def refused_options(config: Any) -> list[str]:
     """Messages of the rejected options that `config` sets, one per option (empty when none is set)."""
     table = {**GRPO_OPTIONS, **TRAINING_ARGUMENTS}
     messages = [
         entry.message for entry in table.values() if isinstance(entry, Rejected) and entry.applies(config)
     ]
+    kwargs = config.generation_kwargs or {}
+    messages += [entry.message for entry in GENERATION_KWARGS.values() if entry.applies(kwargs)]
     return list(dict.fromkeys(messages))
 
 

@@ -55,7 +55,7 @@ class ModelFamily:
         placeholder_processor_attrs (`tuple[str, ...]`): processor or tokenizer attributes naming more such tokens.
         prompt_image_token_attr (`str`): the processor attribute naming the token the chat template writes once per
             image, before the processor expands it (vLLM expands it itself).
-        shares_prefix (`bool`): whether the family's cache can be indexed from groups to rows exactly (see
+        indexable_cache (`bool`): whether the family's cache can be indexed from groups to rows exactly (see
             `vlm_grpo.shared_prefix`); a family whose layers keep other state sets False and runs full rows.
     """
 
@@ -65,7 +65,7 @@ class ModelFamily:
     placeholder_config_attrs: ClassVar[tuple[str, ...]] = ("image_token_id", "video_token_id")
     placeholder_processor_attrs: ClassVar[tuple[str, ...]] = ("image_token", "video_token")
     prompt_image_token_attr: ClassVar[str] = "image_token"
-    shares_prefix: ClassVar[bool] = True
+    indexable_cache: ClassVar[bool] = True
 
     def __init__(self, model_type: str | None = None):
         """Args: model_type (`str | None`): the `config.model_type` served; defaults to the first of `model_types`."""

@@ -4,7 +4,7 @@ Images and M-RoPE positions are those of Qwen3-VL without deepstack (see `qwen2_
 hybrid: three of every four layers are Gated DeltaNet linear attention, whose cache holds a convolution state and a
 recurrent state per row instead of keys and values, and the fourth is full attention (rotating a quarter of each
 head). Those states are not indexed from groups to rows here, so the family runs full rows in every pass
-(`shares_prefix = False`; the trainer says so in one log line). Qwen3.5 MoE adds expert MLPs with a shared expert
+(`indexable_cache = False`; the trainer says so in one log line). Qwen3.5 MoE adds expert MLPs with a shared expert
 and a router load-balancing loss (`router_aux_loss_coef`), trained as for Qwen3-VL MoE.
 """
 
@@ -26,7 +26,7 @@ class Qwen3_5Family(Qwen2VLFamily):
     """Module for `qwen3_5` and `qwen3_5_moe` checkpoints."""
 
     model_types: ClassVar[tuple[str, ...]] = ("qwen3_5", "qwen3_5_moe")
-    shares_prefix: ClassVar[bool] = False
+    indexable_cache: ClassVar[bool] = False
     _classes: ClassVar[dict[str, type]] = {
         "qwen3_5": Qwen3_5ForConditionalGeneration,
         "qwen3_5_moe": Qwen3_5MoeForConditionalGeneration,

@@ -3,8 +3,10 @@
 ``build_tiny_model(family, out_dir)`` writes a directory that ``AutoModelForImageTextToText.from_pretrained``
 and ``AutoProcessor.from_pretrained`` load: float32 weights (deterministic from ``seed``), a word-level
 tokenizer (see ``DEFAULT_WORDS``), the family's image (and video) processor with small image sizes, a chat
-template with the family's layout, and a ``generation_config.json`` whose ``eos_token_id`` starts with the
-chat turn end (``<|im_end|>`` for Qwen and InternVL, ``<end_of_turn>`` for Gemma 3).
+template with the family's layout, and a ``generation_config.json``. What a trainer or an inference engine reads is
+as in the published checkpoints: special tokens and their order (eos ``[<|im_end|>, <|endoftext|>]`` for Qwen,
+``[<eos>, <end_of_turn>]`` for Gemma 3), newline tokens, the sampling fields of ``generation_config.json``, the
+chat template's default system turn, and tied embeddings where the small checkpoints tie them.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ TAG_TOKENS: tuple[str, ...] = ("<think>", "</think>", "<answer>", "</answer>")
 _BASE_WORDS: tuple[str, ...] = tuple(
     """
     red green blue yellow purple orange white black gray grey pink brown cyan magenta
-    square circle triangle rectangle star line dot
+    square circle triangle rectangle star line dot helpful
     what which where how why many color colour shape is are the of in on at to for as from by with
     image picture photo answer question a an and or not no yes this that it its there
     box left right top bottom center middle inside between object objects brand option options choices
@@ -37,8 +37,13 @@ _DIGITS: tuple[str, ...] = tuple(str(i) for i in range(21))
 _VIDEO_WORDS: tuple[str, ...] = ("seconds", *(f"Frame{i}" for i in range(1, 17)))
 _PUNCTUATION: tuple[str, ...] = tuple("?.,:;!'\"()[]{}<>/-+=*#%&_|")
 
-ROLE_WORDS: tuple[str, ...] = ("system", "user", "assistant", "model")
-"""Words every chat template writes; the smallest sensible base vocabulary."""
+ROLE_WORDS: tuple[str, ...] = ("system", "user", "assistant", "model", "You", "are", "a", "helpful", ".")
+"""Words the chat templates write (roles, and Qwen2/2.5-VL's default system turn "You are a helpful assistant.");
+the smallest sensible base vocabulary."""
+
+NEWLINE_TOKENS: tuple[str, ...] = ("\n", "\n\n", "\n\n\n", "\n\n\n\n")
+"""Runs of newlines that every published tokenizer of these families holds as tokens (vLLM's Gemma 3 processor looks
+them up); the longest run matches first."""
 
 DEFAULT_WORDS: tuple[str, ...] = (
     _BASE_WORDS
@@ -85,8 +90,9 @@ def build_word_tokenizer(
             one (e.g. ``ROLE_WORDS`` plus a task's words) makes random exploration find rewarded answers sooner.
 
     Returns:
-        `PreTrainedTokenizerFast`: text is split on whitespace and every punctuation character is its own
-        token; unknown words map to ``[UNK]``; ``decode`` joins tokens with single spaces.
+        `PreTrainedTokenizerFast`: runs of newlines (``NEWLINE_TOKENS``) are tokens, other text is split on
+        whitespace and every punctuation character is its own token; unknown words map to ``[UNK]``; ``decode``
+        joins tokens with single spaces.
     """
     vocab: dict[str, int] = {}
     for token in [*spec.special_tokens, UNK_TOKEN, *TAG_TOKENS, *base_words, *(words or ())]:
@@ -106,7 +112,9 @@ def build_word_tokenizer(
     # Extra words holding punctuation ("Coca-Cola", "e.g.") would be split by the pre-tokenizer: match
     # them as whole added tokens instead, like the tags.
     glued = [w for w in dict.fromkeys(words or ()) if not w.isalnum() and w not in vocab_words_default()]
-    backend.add_tokens([AddedToken(tok, special=False, normalized=False) for tok in [*TAG_TOKENS, *glued]])
+    backend.add_tokens(
+        [AddedToken(tok, special=False, normalized=False) for tok in [*TAG_TOKENS, *NEWLINE_TOKENS, *glued]]
+    )
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
@@ -182,6 +190,7 @@ def save_all(
     eos_token_ids: list[int],
     pad_token_id: int,
     bos_token_id: int | None,
+    sampling: dict | None = None,
 ) -> str:
     """Save model (float32 safetensors), generation config and processor into ``out_dir``.
 
@@ -192,6 +201,8 @@ def save_all(
         eos_token_ids (`list[int]`): generation stop ids, the chat turn end first.
         pad_token_id (`int`): padding id.
         bos_token_id (`int`, *optional*): begin-of-sequence id, when the family has one.
+        sampling (`dict`, *optional*): the sampling fields of the published checkpoints' ``generation_config.json``
+            (``do_sample``, ``temperature``, ``top_k``, ...), which ``generate`` merges under the caller's.
 
     Returns:
         `str`: ``str(out_dir)``.
@@ -202,6 +213,7 @@ def save_all(
         eos_token_id=list(eos_token_ids),
         pad_token_id=pad_token_id,
         bos_token_id=bos_token_id,
+        **(sampling or {}),
     )
     model.save_pretrained(out)
     processor.save_pretrained(out)

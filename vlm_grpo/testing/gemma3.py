@@ -176,6 +176,9 @@ def build_gemma3(
         # off from the loss; give it small random values instead.
         with torch.no_grad():
             model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.02)
+    # gemma-3-*-it: eos [<eos>, <end_of_turn>], and the sampling fields of its generation_config.json
+    sampling = {"cache_implementation": "hybrid", "do_sample": True, "top_k": 64, "top_p": 0.95}
     return save_all(
-        out_dir, model, processor, eos_token_ids=[eot_id, eos_id], pad_token_id=pad_id, bos_token_id=bos_id
-    )
+        out_dir, model, processor, eos_token_ids=[eos_id, eot_id], pad_token_id=pad_id, bos_token_id=bos_id,
+        sampling=sampling,
+    )  # fmt: skip

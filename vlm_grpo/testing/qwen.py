@@ -34,6 +34,8 @@ from ._common import (
 
 # Layout of the Qwen chat format:
 #   <|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]
+# Qwen2-VL and Qwen2.5-VL open with a default system turn ("You are a helpful assistant.") when the messages give
+# none; Qwen3-VL does not.
 # with each image part rendered as <|vision_start|><|image_pad|><|vision_end|> (the processor then repeats
 # <|image_pad|> once per merged visual token) and each video part with <|video_pad|>.
 QWEN_CHAT_TEMPLATE = (
@@ -59,6 +61,29 @@ QWEN_CHAT_TEMPLATE = (
     "{%- endif -%}"
 )
 
+QWEN2_CHAT_TEMPLATE = QWEN_CHAT_TEMPLATE.replace(
+    "{%- for message in messages -%}",
+    "{%- for message in messages -%}"
+    "{%- if loop.first and message['role'] != 'system' -%}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif -%}",
+)
+"""Qwen2-VL's and Qwen2.5-VL's template: the default system turn first when the messages give no system turn."""
+
+# The sampling fields of the published checkpoints' generation_config.json (eos, pad and bos are written from the
+# tokenizer: eos [<|im_end|>, <|endoftext|>], pad and bos <|endoftext|>).
+QWEN_SAMPLING = {
+    "qwen2_vl": {
+        "do_sample": True,
+        "repetition_penalty": 1.0,
+        "temperature": 0.01,
+        "top_k": 1,
+        "top_p": 0.001,
+    },
+    "qwen2_5_vl": {"do_sample": True, "repetition_penalty": 1.05, "temperature": 1e-06},
+    "qwen3_vl": {"do_sample": True, "top_k": 20, "top_p": 0.8, "temperature": 0.7},
+}
+
 QWEN_SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -77,6 +102,9 @@ QWEN_NAMED_TOKENS = {
     "vision_start_token": "<|vision_start|>",
     "vision_end_token": "<|vision_end|>",
 }
+
+# The 2B-4B checkpoints (Qwen2-VL-2B, Qwen2.5-VL-3B, Qwen3-VL-2B/4B) share the input embeddings with the LM head.
+TIED = {"tie_word_embeddings": True}
 
 NUM_HEADS = 4
 NUM_KV_HEADS = 2
@@ -131,8 +159,9 @@ def build_qwen(
     factor = patch_size * merge_size
     side = round_to_multiple(image_size, factor)
 
+    chat_template = QWEN_CHAT_TEMPLATE if is_qwen3 else QWEN2_CHAT_TEMPLATE
     tokenizer = build_word_tokenizer(
-        TokenizerSpec(QWEN_SPECIAL_TOKENS, dict(QWEN_NAMED_TOKENS)), words, QWEN_CHAT_TEMPLATE, base_words
+        TokenizerSpec(QWEN_SPECIAL_TOKENS, dict(QWEN_NAMED_TOKENS)), words, chat_template, base_words
     )
     ids = {tok: token_id(tokenizer, tok) for tok in QWEN_SPECIAL_TOKENS}
     pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
@@ -167,7 +196,7 @@ def build_qwen(
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=video_processor,
-        chat_template=QWEN_CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
 
     text_config: dict[str, Any] = {
@@ -203,7 +232,7 @@ def build_qwen(
         text_config.update(bos_token_id=pad_id, eos_token_id=eos_id)
         # Qwen2-VL's patch merger projects straight to `vision_config.hidden_size`, the text width.
         vision_config.update(embed_dim=VISION_WIDTH, hidden_size=hidden_size, mlp_ratio=2)
-        config = Qwen2VLConfig(text_config=text_config, vision_config=vision_config, **token_ids)
+        config = Qwen2VLConfig(text_config=text_config, vision_config=vision_config, **token_ids, **TIED)
         model_cls: type = Qwen2VLForConditionalGeneration
     elif family == "qwen2_5_vl":
         text_config.update(bos_token_id=pad_id, eos_token_id=eos_id)
@@ -216,7 +245,7 @@ def build_qwen(
             window_size=112,
             tokens_per_second=2,
         )
-        config = Qwen2_5_VLConfig(text_config=text_config, vision_config=vision_config, **token_ids)
+        config = Qwen2_5_VLConfig(text_config=text_config, vision_config=vision_config, **token_ids, **TIED)
         model_cls = Qwen2_5_VLForConditionalGeneration
     else:
         text_config.update(head_dim=head_dim)
@@ -229,11 +258,12 @@ def build_qwen(
             # deepstack: features of the early vision blocks are added to the first text layers
             deepstack_visual_indexes=list(range(max(1, num_hidden_layers - 1))),
         )
-        config = Qwen3VLConfig(text_config=text_config, vision_config=vision_config, **token_ids)
+        config = Qwen3VLConfig(text_config=text_config, vision_config=vision_config, **token_ids, **TIED)
         model_cls = Qwen3VLForConditionalGeneration
 
     with seeded(seed):
         model = model_cls(config).float().eval()
     return save_all(
-        out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
-    )
+        out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=pad_id,
+        sampling=QWEN_SAMPLING[family],
+    )  # fmt: skip
