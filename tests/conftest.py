@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-NEW_FAMILIES = ("qwen3_vl_moe", "internvl_moe", "gemma4", "glm4v", "glm46v")
+NEW_FAMILIES = ("qwen3_vl_moe", "internvl_moe", "gemma4", "glm4v", "glm46v", "glm4v_moe")
 """Families added after the first five: `test_families_coverage` runs the per-family checks other files run on a
 subset of the first five. `internvl_moe` is the InternVL3.5 MoE shape: an `internvl` model whose language model is a
 `qwen3_moe` mixture of experts (see `vlm_grpo.testing.BUILDERS`)."""

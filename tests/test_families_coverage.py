@@ -48,7 +48,9 @@ def test_lora_trains_only_language_adapters(family, tiny_model, tmp_path):
     """Every linear layer of the language model carries an adapter, none of the vision tower; only adapters move.
 
     Expert weights of MoE layers are packed tensors, not linear layers: LoRA adapts attention (and dense or shared
-    expert MLPs where the family has them), as PEFT's default linear targeting does.
+    expert MLPs where the family has them), as PEFT's default linear targeting does. Where PEFT maps a model's MLP
+    projection names onto its fused expert parameters (`target_parameters`, PEFT's transformers-v5 conversion), the
+    experts carry adapters instead of those projections.
     """
     trainer = VLMGRPOTrainer(
         model=tiny_model(family),
@@ -60,11 +62,14 @@ def test_lora_trains_only_language_adapters(family, tiny_model, tmp_path):
     base = trainer.model.get_base_model()
     adapted = {n.removesuffix(".lora_A") for n, _ in base.named_modules() if n.endswith(".lora_A")}
     assert adapted and not any(trainer.family.is_vision_module(n) for n in adapted)
-    # the adapted set is exactly the language model's linear layers, attention included
-    assert adapted == set(
-        language_linear_names(trainer.family.load_model(tiny_model(family)), trainer.family)
-    )
-    assert any(n.endswith(".q_proj") for n in adapted)
+    linear = set(language_linear_names(trainer.family.load_model(tiny_model(family)), trainer.family))
+    attention = {n for n in linear if n.rpartition(".")[2] in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    assert attention and attention <= adapted
+    if trainer.model.peft_config["default"].target_parameters:  # PEFT moved MLP targets onto the experts
+        experts = {n.rpartition(".")[0] for n in trainer.model.peft_config["default"].target_parameters}
+        assert adapted - linear and all(any(n.startswith(e) for e in experts) for n in adapted - linear)
+    else:  # the adapted set is exactly the language model's linear layers
+        assert adapted == linear
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     after = dict(trainer.model.named_parameters())

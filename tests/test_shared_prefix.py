@@ -117,7 +117,9 @@ def test_logps_entropies_and_gradients_match_full_forward(family, tiny_model, tm
         assert err <= 1e-5 * full.abs().max().item() + 1e-6 * scale, (name, err)
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm46v"])
+@pytest.mark.parametrize(
+    "family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm46v", "glm4v_moe"]
+)
 def test_mrope_positions_equal_the_models_own(family, tiny_model, tmp_path):
     """M-RoPE positions computed once per distinct prompt (text after it filled in) equal the model's per-row rule.
 

@@ -19,7 +19,7 @@ LAYOUT_FAMILIES = [
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
 ]  # fmt: skip
 """Shapes whose chat layout, tokenizer and processor the per-family tables below describe in detail. The layouts of
-gemma4, glm4v and glm46v are checked in their own test files (test_families_*.py); every shape, these included, goes
+gemma4, glm4v, glm46v and glm4v_moe are checked in their own test files (test_families_*.py); every shape, these included, goes
 through `test_every_shape_saves_loads_and_trains` and the seed and size tests."""
 
 # Parameters the family's forward never uses (none: Gemma 3's SigLIP tower is built without its pooling head).
@@ -49,6 +49,7 @@ IMAGE_TOKEN = {
     "gemma4": "<|image|>",
     "glm4v": "<|image|>",
     "glm46v": "<|image|>",
+    "glm4v_moe": "<|image|>",
     "internvl_moe": "<IMG_CONTEXT>",
 }
 # Image tokens of one image at the builder's default `image_size` (56) and at `image_size=112`: one per merged patch
@@ -80,6 +81,7 @@ ARCHITECTURE = {
     "gemma4": "Gemma4ForConditionalGeneration",
     "glm4v": "Glm4vForConditionalGeneration",
     "glm46v": "Glm46VForConditionalGeneration",
+    "glm4v_moe": "Glm4vMoeForConditionalGeneration",
     "internvl_moe": "InternVLForConditionalGeneration",
 }
 MODEL_TYPE = {family: family for family in FAMILIES} | {"internvl_moe": "internvl"}

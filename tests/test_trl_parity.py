@@ -259,6 +259,14 @@ def test_generate_samples_with_trls_settings(family, tiny_model, tmp_path, monke
     assert used and all(u == chosen for u in used), (used, published)
 
 
+@pytest.mark.parametrize("family", [*FAMILIES, *FULL_ROW_FAMILIES])
+def test_evaluation_ends_completions_on_the_training_eos_ids(family, tiny_model, tmp_path):
+    """`vlm-grpo eval` stops on `ModelFamily.eos_token_ids`, which are the ids TRL's trainer stops on."""
+    args = grpo_args(tmp_path)
+    trainer = VLMGRPOTrainer(tiny_model(family), length_reward, args=args, train_dataset=color_dataset(4))
+    assert trainer.family.eos_token_ids(trainer.processing_class, trainer.model) == trainer.eos_token_ids
+
+
 def test_chat_template_kwargs_reach_the_training_prompt(qwen, tmp_path):
     path, processor, _ = qwen
     rows = color_rows(2)

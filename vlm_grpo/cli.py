@@ -3,6 +3,7 @@
 vlm-grpo train CONFIG.yaml [--field value ...]    train (same as python -m vlm_grpo.train)
 vlm-grpo eval --model PATH --data DATA.yaml      evaluate, write a JSON report
 vlm-grpo demo [--output_dir DIR]                 a tiny VLM learns a task on CPU, end to end
+vlm-grpo tiny-model FAMILY OUT_DIR               a tiny random model of a family, for a smoke run
 
 Every command exits with status 1 on bad input (one line naming what and where), 0 on success.
 """
@@ -21,12 +22,13 @@ COMMANDS = {
     "plot": ("vlm_grpo.plot", "plot reward, accuracy, length, KL and entropy of a run"),
     "samples": ("vlm_grpo.samples", "render a run's logged samples as HTML"),
     "export": ("vlm_grpo.export", "merge a LoRA adapter into its base model"),
+    "tiny-model": ("vlm_grpo.tiny_model", "build a tiny random model of a family, for a smoke run"),
 }
 
 
 def usage() -> str:
     lines = ["usage: vlm-grpo COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
 

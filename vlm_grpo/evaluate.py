@@ -61,14 +61,16 @@ def generate_texts(
     inputs = family.model_inputs(
         model.config, ids, mask, [e.image_inputs for e in encoded]
     )  # + image tensors
-    eos = family.eos_token_ids(processor, model)
+    eos = family.eos_token_ids(processor, model)  # those training stops on
+    # TRL's sampling defaults, never the checkpoint's (a published generation_config.json may set top_k, top_p or a
+    # repetition penalty, which `generate` would otherwise merge in)
+    sampling = {"temperature": temperature, "top_p": 1.0, "top_k": 0} if not greedy else {}
     output = model.generate(
         **inputs,
         max_new_tokens=max_new_tokens,
         do_sample=not greedy,
-        temperature=temperature if not greedy else None,
-        top_p=None,
-        top_k=None,
+        repetition_penalty=1.0,
+        **sampling,
         eos_token_id=eos,
         pad_token_id=processor.tokenizer.pad_token_id,
         suppress_tokens=family.placeholder_token_ids(processor, model.config),

@@ -166,12 +166,14 @@ class ModelFamily:
         return sorted(set(ids))
 
     def eos_token_ids(self, processor: ProcessorMixin, model: PreTrainedModel) -> list[int]:
-        """Tokens that end a completion: the generation config's eos ids plus the tokenizer's eos."""
+        """Tokens that end a completion, as TRL's trainer takes them: the generation config's eos ids, preceded by the
+        tokenizer's eos when they lack it. Evaluation ends completions on these, as training does."""
         eos = model.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        if processor.tokenizer.eos_token_id is not None:
-            eos.append(processor.tokenizer.eos_token_id)
-        return sorted(set(int(e) for e in eos))
+        tokenizer_eos = processor.tokenizer.eos_token_id
+        if tokenizer_eos is not None and tokenizer_eos not in eos:
+            eos = [tokenizer_eos, *eos]
+        return [int(e) for e in eos]
 
     def image_token_id(self, processor: ProcessorMixin) -> int:
         """Id of the token that stands for image features in the processor-expanded prompt."""

@@ -1,25 +1,32 @@
-"""GLM-4.1V and GLM-4.6V (`Glm4vForConditionalGeneration`, `Glm46VForConditionalGeneration`): images as in
-Qwen2-VL, GLM's own tokens around them.
+"""GLM-4.1V, GLM-4.6V and GLM-4.5V (`Glm4vForConditionalGeneration`, `Glm46VForConditionalGeneration`,
+`Glm4vMoeForConditionalGeneration`): images as in Qwen2-VL, GLM's own tokens around them.
 
 Images become 14-pixel patches merged 2x2 (`pixel_values` `[N_patches, C*T*P*P]`, `image_grid_thw` `[N_images, 3]`),
 each merged block one `<|image|>` between `<|begin_of_image|>` and `<|end_of_image|>`; the language model places
 them with 3-D M-RoPE from `mm_token_type_ids`, like Qwen2-VL (see `qwen2_vl`), whose positions and generation
-hooks serve here unchanged.
+hooks serve here unchanged. GLM-4.5V's language model routes tokens to expert MLPs, with a router load-balancing
+loss trained as for Qwen3-VL MoE (see `qwen3_vl_moe`).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from transformers import Glm4vForConditionalGeneration, Glm46VForConditionalGeneration
+from transformers import (
+    Glm4vForConditionalGeneration,
+    Glm4vMoeForConditionalGeneration,
+    Glm46VForConditionalGeneration,
+    PreTrainedModel,
+)
 
 from .qwen2_vl import Qwen2VLFamily
+from .qwen3_vl_moe import declare_router_logits
 
 
 class Glm4vFamily(Qwen2VLFamily):
-    """Module for `glm4v` and `glm46v` checkpoints."""
+    """Module for `glm4v`, `glm46v` and `glm4v_moe` checkpoints."""
 
-    model_types: ClassVar[tuple[str, ...]] = ("glm4v", "glm46v")
+    model_types: ClassVar[tuple[str, ...]] = ("glm4v", "glm46v", "glm4v_moe")
     placeholder_config_attrs: ClassVar[tuple[str, ...]] = (
         "image_token_id",
         "video_token_id",
@@ -31,8 +38,19 @@ class Glm4vFamily(Qwen2VLFamily):
     _classes: ClassVar[dict[str, type]] = {
         "glm4v": Glm4vForConditionalGeneration,
         "glm46v": Glm46VForConditionalGeneration,
+        "glm4v_moe": Glm4vMoeForConditionalGeneration,
     }
 
     def model_class(self) -> type:
-        """`Glm4vForConditionalGeneration` or `Glm46VForConditionalGeneration`."""
+        """`Glm4vForConditionalGeneration`, `Glm46VForConditionalGeneration` or `Glm4vMoeForConditionalGeneration`."""
         return self._classes[self.model_type]
+
+    def load_model(self, path: str, **init_kwargs: Any) -> PreTrainedModel:
+        """Load the model. GLM-4.5V's text config always declares `output_router_logits` (see `qwen3_vl_moe`), and
+        names its routed experts `n_routed_experts` where TRL's router loss reads `num_experts`."""
+        model = super().load_model(path, **init_kwargs)
+        if self.model_type == "glm4v_moe":
+            declare_router_logits(model)
+            text_config = model.config.get_text_config()
+            text_config.num_experts = text_config.n_routed_experts
+        return model

@@ -36,6 +36,7 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "gemma4": build_gemma4,
     "glm4v": partial(build_glm4v, family="glm4v"),
     "glm46v": partial(build_glm4v, family="glm46v"),
+    "glm4v_moe": partial(build_glm4v, family="glm4v_moe"),
     "internvl_moe": build_internvl_moe,
 }
 """The one place a tiny builder is registered: ``shape -> builder(out_dir, **kwargs)``."""
@@ -52,7 +53,7 @@ def build_tiny_model(
     out_dir: str | os.PathLike,
     *,
     words: Sequence[str] | None = None,
-    base_words: Sequence[str] = DEFAULT_WORDS,
+    base_words: Sequence[str] | None = None,
     seed: int = 0,
     hidden_size: int = 64,
     num_hidden_layers: int = 2,
@@ -65,8 +66,9 @@ def build_tiny_model(
         out_dir (`str | os.PathLike`): directory to write (created if missing, files overwritten).
         words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words (no whitespace),
             added after ``base_words``; duplicates are ignored.
-        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): the vocabulary before ``words``. Pass
-            ``ROLE_WORDS`` to get only the chat roles plus ``words`` (a small vocabulary learns faster).
+        base_words (`Sequence[str]`, *optional*, defaults to `None`): the vocabulary before ``words``; None is
+            ``DEFAULT_WORDS``. Pass ``ROLE_WORDS`` to get only the chat roles plus ``words`` (a small vocabulary
+            learns faster).
         seed (`int`, *optional*, defaults to 0): seed of the random weights; the caller's torch RNG state is
             left untouched.
         hidden_size (`int`, *optional*, defaults to 64): text hidden size, a multiple of 8 (4 attention
@@ -83,7 +85,7 @@ def build_tiny_model(
     """
     kwargs = {
         "words": words,
-        "base_words": base_words,
+        "base_words": DEFAULT_WORDS if base_words is None else base_words,
         "seed": seed,
         "hidden_size": hidden_size,
         "num_hidden_layers": num_hidden_layers,

@@ -1,4 +1,5 @@
-"""Tiny GLM-4.1V (``glm4v``) and GLM-4.6V (``glm46v``, the same layers under its own classes), offline.
+"""Tiny GLM-4.1V (``glm4v``), GLM-4.6V (``glm46v``, the same layers under its own classes) and GLM-4.5V
+(``glm4v_moe``: expert MLPs after a first dense layer), offline.
 
 GLM's chat layout: ``[gMASK]<sop>`` then ``<|{role}|>\\n{content}`` per message and ``<|assistant|>\\n`` to answer;
 the model ends its turn by starting the next one (``<|user|>``). Each image part is written
@@ -16,6 +17,8 @@ from transformers import (
     Glm4vConfig,
     Glm4vForConditionalGeneration,
     Glm4vImageProcessor,
+    Glm4vMoeConfig,
+    Glm4vMoeForConditionalGeneration,
     Glm4vProcessor,
     Glm4vVideoProcessor,
     Glm46VConfig,
@@ -97,11 +100,12 @@ def build_glm4v(
     num_hidden_layers: int = 2,
     image_size: int = 56,
 ) -> str:
-    """Build and save a tiny ``glm4v`` or ``glm46v`` model with its processor.
+    """Build and save a tiny ``glm4v``, ``glm46v`` or ``glm4v_moe`` model with its processor.
 
     Args:
         out_dir (`str | os.PathLike`): output directory.
-        family (`str`, *optional*, defaults to `"glm4v"`): ``"glm4v"`` or ``"glm46v"``.
+        family (`str`, *optional*, defaults to `"glm4v"`): ``"glm4v"``, ``"glm46v"`` or ``"glm4v_moe"`` (layer 0
+            dense, the others 4 routed experts, 2 per token, plus a shared expert, as GLM-4.5V's first-dense layout).
         words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
         base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
         seed (`int`, *optional*, defaults to 0): seed of the random weights.
@@ -117,6 +121,7 @@ def build_glm4v(
     classes = {
         "glm4v": (Glm4vConfig, Glm4vForConditionalGeneration, Glm4vProcessor),
         "glm46v": (Glm46VConfig, Glm46VForConditionalGeneration, Glm46VProcessor),
+        "glm4v_moe": (Glm4vMoeConfig, Glm4vMoeForConditionalGeneration, Glm4vProcessor),
     }
     if family not in classes:
         raise ValueError(f"build_glm4v builds {', '.join(classes)}, not {family!r}")
@@ -146,9 +151,22 @@ def build_glm4v(
     )  # fmt: skip
 
     rotary_half = head_dim // 4  # half of each head rotates: head_dim / 2 dims, head_dim / 4 frequencies
+    experts = {}
+    if family == "glm4v_moe":
+        experts = {
+            "moe_intermediate_size": hidden_size,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "norm_topk_prob": True,
+            "attention_bias": True,
+        }
+    prefix = "glm4v_moe" if family == "glm4v_moe" else "glm4v"
     config = config_cls(
         text_config={
-            "model_type": "glm4v_text",
+            **experts,
+            "model_type": f"{prefix}_text",
             "vocab_size": len(tokenizer),
             "hidden_size": hidden_size,
             "intermediate_size": 2 * hidden_size,
@@ -166,7 +184,7 @@ def build_glm4v(
             "eos_token_id": [eos_id, pad_id],
         },
         vision_config={
-            "model_type": "glm4v_vision",
+            "model_type": f"{prefix}_vision",
             "depth": num_hidden_layers,
             "hidden_size": VISION_WIDTH,
             "intermediate_size": 2 * VISION_WIDTH,
