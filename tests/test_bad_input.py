@@ -35,13 +35,13 @@ def data(tmp_path):
 def test_missing_image(tiny_model, tmp_path, data, capsys):
     (tmp_path / "data" / "images" / "3.png").unlink()
     line = error_line(capsys, "train", str(write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data)))
-    assert "train.json" in line and "record 3" in line and "'image'" in line and "3.png" in line
+    assert "train.json" in line and "record 4" in line and "'image'" in line and "3.png" in line
 
 
 def test_corrupt_image(tiny_model, tmp_path, data, capsys):
     (tmp_path / "data" / "images" / "5.png").write_bytes(b"not a png at all")
     line = error_line(capsys, "train", str(write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data)))
-    assert "train.json" in line and "record 5" in line and "5.png" in line
+    assert "train.json" in line and "record 6" in line and "5.png" in line
 
 
 def test_unknown_yaml_key(tiny_model, tmp_path, data, capsys):
@@ -233,7 +233,7 @@ def test_corrupt_image_is_never_replaced(tmp_path):
     data = write_color_data(tmp_path / "data")
     Image.new("RGB", (4, 4)).save(tmp_path / "data" / "images" / "1.png")  # a valid image stays valid
     (tmp_path / "data" / "images" / "2.png").write_bytes(b"\x89PNG broken")
-    with pytest.raises(DataConfigError, match="record 2"):
+    with pytest.raises(DataConfigError, match="record 3"):
         load_data_config(data)
 
 

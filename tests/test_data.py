@@ -265,17 +265,17 @@ def test_prompt_template_with_problem_and_other_field(tmp_path):
 
 def test_template_naming_a_missing_field(tmp_path):
     message = error_of(tmp_path, rec_records(2), top_prompt_template="{problem} {choices}")
-    assert "data.json" in message and "record 0" in message and "'choices'" in message
+    assert "data.json" in message and "record 1" in message and "'choices'" in message
 
 
 def test_placeholder_count_mismatch(tmp_path):
     records = rec_records(2) + [{"image": "a.png", "problem": "<image> vs <image>", "solution": "x"}]
     message = error_of(tmp_path, records)
-    assert "data.json: record 2" in message and "'image'" in message
+    assert "data.json: record 3" in message and "'image'" in message
     assert "2 <image> placeholder(s)" in message and "1 image(s)" in message
     # placeholders in a text-only record are a mismatch too
     message = error_of(tmp_path, [{"problem": "<image> what?", "solution": "x"}])
-    assert "record 0" in message and "0 image(s)" in message
+    assert "record 1" in message and "0 image(s)" in message
 
 
 # ----------------------------------------------------------------------------------------------- sampling
@@ -483,7 +483,7 @@ def test_missing_data_file(tmp_path):
 
 def test_missing_image(tmp_path):
     message = error_of(tmp_path, rec_records(2) + rec_records(1, image="missing.png"))
-    assert "data.json: record 2, field 'image'" in message
+    assert "data.json: record 3, field 'image'" in message
     assert "missing.png" in message and "file not found" in message and "on_missing_image: skip" in message
 
 
@@ -491,7 +491,7 @@ def test_corrupt_image_file(tmp_path):
     (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
     message = error_of(tmp_path, rec_records(1) + rec_records(1, image="bad.png"))
     assert (
-        "data.json: record 1, field 'image'" in message and "bad.png" in message and "unreadable" in message
+        "data.json: record 2, field 'image'" in message and "bad.png" in message and "unreadable" in message
     )
 
 
@@ -506,7 +506,7 @@ def test_corrupt_embedded_image_bytes(tmp_path):
     )
     cfg = write_yaml(tmp_path / "cfg.yaml", {"datasets": [{"parquet_path": "geo.parquet"}]})
     with pytest.raises(
-        DataConfigError, match=r"geo.parquet: record 1, field 'images': image 0 \(embedded bytes\)"
+        DataConfigError, match=r"geo.parquet: record 2, field 'images': image 0 \(embedded bytes\)"
     ):
         load_data_config(cfg)
 
@@ -532,7 +532,7 @@ def test_corrupt_embedded_image_bytes(tmp_path):
 )
 def test_bad_record_fields(tmp_path, record, field, words):
     message = error_of(tmp_path, rec_records(3) + [record])
-    assert f"data.json: record 3, field '{field}'" in message
+    assert f"data.json: record 4, field '{field}'" in message
     assert words in message
 
 
@@ -541,7 +541,7 @@ def test_bad_json_line(tmp_path):
     lines = [json.dumps(r) for r in rec_records(2)] + ["", '{"problem": "p", "solution": ']
     (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
     cfg = write_yaml(tmp_path / "cfg.yaml", {"datasets": [{"json_path": "data.jsonl"}]})
-    with pytest.raises(DataConfigError, match=r"data.jsonl: record 2 \(line 4\): invalid JSON"):
+    with pytest.raises(DataConfigError, match=r"data.jsonl: record 3 \(line 4\): invalid JSON"):
         load_data_config(cfg)
 
 
@@ -552,7 +552,7 @@ def test_json_top_level_must_be_a_list(tmp_path):
 
 def test_record_that_is_not_an_object(tmp_path):
     message = error_of(tmp_path, [*rec_records(1), "oops"], name="data.jsonl")
-    assert "data.jsonl: record 1 (line 2)" in message and "JSON object" in message
+    assert "data.jsonl: record 2 (line 2)" in message and "JSON object" in message
 
 
 @pytest.mark.parametrize(
@@ -598,7 +598,7 @@ def test_on_missing_image_skip_drops_and_logs(tmp_path, caplog):
     message = error_of(
         tmp_path, [*records, {"image": 5, "problem": "p", "solution": "s"}], top_on_missing_image="skip"
     )
-    assert "record 4, field 'image'" in message
+    assert "record 5, field 'image'" in message
 
 
 def test_empty_result_is_an_error(tmp_path):

@@ -12,6 +12,7 @@ depending on the writer: `OSError` from Python's own files, `SafetensorError` ("
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -80,6 +81,15 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> str | None:
         if (m := _CHECKPOINT.match(p.name)) and p.is_dir() and is_complete(p)
     ]
     return str(max(steps)[1]) if steps else None
+
+
+def checkpoint_step(checkpoint_dir: str | os.PathLike) -> int | None:
+    """The optimizer step a checkpoint was written at: its `trainer_state.json`, else the N of `checkpoint-N`."""
+    state = Path(checkpoint_dir) / "trainer_state.json"
+    if state.is_file():
+        return int(json.loads(state.read_text())["global_step"])
+    match = _CHECKPOINT.match(Path(checkpoint_dir).name)
+    return int(match.group(1)) if match else None
 
 
 def resolve_resume(value: str | bool | None, output_dir: str | os.PathLike) -> str | None:

@@ -41,6 +41,10 @@ class VLMGRPOConfig(GRPOConfig):
             gradient checkpointing; with `use_reentrant: true` the policy's training forward runs full rows.
         log_samples_steps (`int`, defaults to 50): every this many steps, write the step's prompts, image paths,
             completions, rewards and advantages to `output_dir/samples/step_NNNNNN.jsonl`; 0 turns it off.
+        no_signal_warning_steps (`int`, defaults to 10): warn when this many rollouts in a row had no learning
+            signal (every group's rewards with zero spread, or every reward 0); 0 turns the warning off.
+        no_signal_warning_every (`int`, defaults to 50): while it lasts, repeat the warning every this many
+            rollouts.
     """
 
     freeze_vision_modules: bool = field(
@@ -68,6 +72,14 @@ class VLMGRPOConfig(GRPOConfig):
             "help": "Write samples (prompts, completions, rewards) every N steps to output_dir/samples; 0: off."
         },
     )
+    no_signal_warning_steps: int = field(
+        default=10,
+        metadata={"help": "Warn after this many rollouts in a row without a learning signal; 0: off."},
+    )
+    no_signal_warning_every: int = field(
+        default=50,
+        metadata={"help": "Repeat the no-learning-signal warning every N rollouts while it lasts."},
+    )
 
     def __post_init__(self):
         self.resolve_bf16()
@@ -77,6 +89,8 @@ class VLMGRPOConfig(GRPOConfig):
             with warnings.catch_warnings():
                 # TRL's own default sets `gradient_checkpointing`, which transformers 5.2x calls deprecated
                 warnings.filterwarnings("ignore", message="`gradient_checkpointing", category=FutureWarning)
+                # TRL's deprecation notice for an option that is refused below in one line anyway
+                warnings.filterwarnings("ignore", message="`use_transformers_paged", category=FutureWarning)
                 super().__post_init__()
         except (
             ValueError
@@ -93,6 +107,11 @@ class VLMGRPOConfig(GRPOConfig):
             )
         if self.log_samples_steps < 0:
             raise VLMGRPOError(f"log_samples_steps must be >= 0, got {self.log_samples_steps}.")
+        if self.no_signal_warning_steps < 0 or self.no_signal_warning_every < 1:
+            raise VLMGRPOError(
+                "no_signal_warning_steps must be >= 0 and no_signal_warning_every >= 1, got "
+                f"{self.no_signal_warning_steps} and {self.no_signal_warning_every}."
+            )
         for name, value in (
             ("min_pixels", self.min_pixels),
             ("max_pixels", self.max_pixels),

@@ -31,7 +31,7 @@ import yaml
 from trl import GRPOConfig, TrlParser, get_peft_config
 
 from .adapters import qlora_quantization_config
-from .checkpoints import resolve_resume
+from .checkpoints import checkpoint_step, resolve_resume
 from .config import VLMGRPOConfig, VLMModelConfig
 from .data import load_data_config
 from .errors import VLMGRPOError, one_line, run_cli
@@ -181,7 +181,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOC
         config = read_config(config_path)
         check_config_keys(config, config_path, parser)
         if "rewards" in config and "--rewards" not in rest:
-            build_rewards(config["rewards"])  # reward names and entry keys, before TRL's checks
+            try:
+                build_rewards(config["rewards"])  # reward names and entry keys, before TRL's checks
+            except VLMGRPOError as error:
+                raise VLMGRPOError(f"{config_path}: rewards: {error}") from error
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     except VLMGRPOError:
@@ -192,6 +195,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOC
         raise VLMGRPOError(
             "data_config is required: set `data_config: path/to/data.yaml` in the training YAML."
         )
+    for key, path in (
+        ("data_config", script_args.data_config),
+        ("eval_data_config", script_args.eval_data_config),
+    ):
+        if path is not None and not Path(path).is_file():
+            where = f"{config_path}: {key}" if config_path else f"--{key}"
+            raise VLMGRPOError(
+                f"{where}: data config {path} not found (paths are relative to the working directory "
+                f"{Path.cwd()}); fix the path."
+            )
     if model_args.model_name_or_path is None:
         raise VLMGRPOError(
             "model_name_or_path is required: set it in the training YAML or pass --model_name_or_path."
@@ -239,11 +252,12 @@ def run(
     preemption = PreemptionCallback()
     with preemption.handle_signals():
         trainer = build_trainer(script_args, training_args, model_args, callbacks=[preemption])
-        trainer.train(
-            resume_from_checkpoint=resolve_resume(
-                training_args.resume_from_checkpoint, training_args.output_dir
-            )
-        )
+        checkpoint = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+        if checkpoint is not None:
+            logger.info("resumed from %s at step %s", checkpoint, checkpoint_step(checkpoint))
+        elif training_args.resume_from_checkpoint not in (None, False, "false", "False"):
+            logger.info("no complete checkpoint in %s: training starts at step 0", training_args.output_dir)
+        trainer.train(resume_from_checkpoint=checkpoint)
         if preemption.stopped_at is None:
             trainer.save_state()
             trainer.save_model(training_args.output_dir)

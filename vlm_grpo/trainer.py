@@ -68,6 +68,7 @@ from .shared_prefix import (
     shared_prefix_logps,
     shuffle_batch,
 )
+from .signal_watch import SignalWatch
 from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
 from .vllm_payload import build_vllm_payload, vllm_generate_kwargs
 
@@ -182,6 +183,14 @@ class VLMGRPOTrainer(GRPOTrainer):
         """State of the rollout and of the per-step metrics, set once TRL's `__init__` has run."""
         self._active_inputs: dict[str, Any] | None = None  # the micro-batch `_compute_loss` is training on
         self._timer, self._step_seconds, self._step_tokens = PhaseTimer(), 0.0, 0
+        samples = (
+            f"{samples_path(self.args.output_dir, 0).parent}/ (every {self.args.log_samples_steps} steps)"
+            if self.args.log_samples_steps
+            else "the logs (set log_samples_steps to write them to output_dir/samples)"
+        )
+        self._signal_watch = SignalWatch(
+            self.args.no_signal_warning_steps, self.args.no_signal_warning_every, samples
+        )
         self._vision_dummy: EncodedPrompt | None = None
         zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
         # ZeRO-3 gathers each module's shards collectively: see `vision_dummy`
@@ -411,7 +420,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             )  # [N, F]
         with timer("adv"):
             num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-            advantages, _, is_std_zero = group_advantages(
+            advantages, rewards, is_std_zero = group_advantages(
                 rewards_per_func,
                 self.reward_weights,
                 num_generations,
@@ -427,7 +436,19 @@ class VLMGRPOTrainer(GRPOTrainer):
         if mode == "train":
             texts = [c[0]["content"] for c in completions]
             self._write_samples(inputs, texts, rewards_per_func, advantages, num_generations)
+            self._watch_signal(rewards, is_std_zero)
         return batch
+
+    def _watch_signal(self, rewards: torch.Tensor, is_std_zero: torch.Tensor) -> None:
+        """Warn (main process) when rollouts in a row had no learning signal (see `signal_watch`)."""
+        warning = self._signal_watch.observe(
+            frac_zero_std=is_std_zero.float().mean().item(),
+            mean_reward=torch.nanmean(rewards).item(),
+            all_zero=bool(torch.nan_to_num(rewards, nan=0.0).eq(0).all()),
+            step=self.state.global_step + 1,
+        )
+        if warning and self.accelerator.is_main_process:
+            logger.warning(warning)
 
     def _encode_prompts(self, rows: list[dict[str, Any]]) -> list[EncodedPrompt]:
         """Chat template + processor once per distinct prompt: consecutive rows of one group share one encoding.

@@ -36,8 +36,8 @@ def _parity(case: str) -> Honoured:
     return Honoured(f"{PARITY}[{case}]")
 
 
-# Several micro-batches per rollout: shuffled by whole groups (not rows, as TRL), the same training otherwise.
-_MICRO_BATCHES = Honoured("tests/test_shared_prefix.py::test_two_training_steps_match_unshared")
+# Several micro-batches and iterations per rollout: three rollouts give stock TRL's completions, metrics and weights.
+_ROLLOUTS = Honoured("tests/test_trl_parity.py::test_three_rollouts_match_trl")
 _CONTINUOUS_BATCHING = (
     "use_transformers_continuous_batching does not support images (TRL refuses it for VLMs too); leave it off, or "
     "use use_vllm for fast generation."
@@ -63,8 +63,8 @@ GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
     "ds3_gather_for_generation": Honoured("tests/test_distributed.py::test_torchrun"),
     "shuffle_dataset": _parity("no_shuffle"),
     "pad_to_multiple_of": _parity("pad_to_multiple_of"),
-    "generation_batch_size": _MICRO_BATCHES,
-    "steps_per_generation": _MICRO_BATCHES,
+    "generation_batch_size": _ROLLOUTS,
+    "steps_per_generation": _ROLLOUTS,
     "temperature": _parity("sampling"),
     "top_p": _parity("sampling"),
     "top_k": _parity("sampling"),
@@ -101,7 +101,7 @@ GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
     "vllm_importance_sampling_cap": _VLLM_IS,
     # loss
     "beta": _parity("beta"),
-    "num_iterations": Honoured("tests/test_trl_parity.py::test_num_iterations_reuses_one_rollout"),
+    "num_iterations": _ROLLOUTS,
     "epsilon": _parity("clipping"),
     "delta": _parity("clipping"),
     "epsilon_high": _parity("clipping"),
@@ -145,14 +145,20 @@ GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
         "max_tool_calling_iterations applies to tool calling, which VLMGRPOTrainer does not support; remove it.",
     ),
     "use_transformers_continuous_batching": Rejected(
-        lambda c: c.use_transformers_continuous_batching, _CONTINUOUS_BATCHING
+        # TRL turns it on for `use_transformers_paged`, which is refused in its own words below
+        lambda c: c.use_transformers_continuous_batching and not c.use_transformers_paged,
+        _CONTINUOUS_BATCHING,
     ),
     "transformers_continuous_batching_config": Rejected(
         lambda c: c.transformers_continuous_batching_config is not None,
         "transformers_continuous_batching_config applies to continuous batching, which does not support images; "
         "remove it.",
     ),
-    "use_transformers_paged": Rejected(lambda c: bool(c.use_transformers_paged), _CONTINUOUS_BATCHING),
+    "use_transformers_paged": Rejected(
+        lambda c: bool(c.use_transformers_paged),
+        "use_transformers_paged (paged, continuously batched generation) does not support images; remove it, or "
+        "use use_vllm for fast generation.",
+    ),
 }
 
 TRAINING_ARGUMENTS: dict[str, Honoured | Rejected] = {

@@ -62,6 +62,8 @@ class DataEntry:
         system_prompt (str | None): System message text, or ``None`` for no system message.
         on_missing_image (str): ``"error"`` or ``"skip"``.
         name (str): The ``source`` value of this entry's rows.
+        template_origin (str, default ``"the top-level prompt_template"``): where ``prompt_template`` was
+            written, for messages.
     """
 
     index: int
@@ -73,6 +75,7 @@ class DataEntry:
     system_prompt: str | None
     on_missing_image: str
     name: str
+    template_origin: str = "the top-level prompt_template"
 
 
 @dataclass(frozen=True)
@@ -232,4 +235,9 @@ def _parse_entry(
         system_prompt=system,
         on_missing_image=_on_missing(item, top_missing, error),
         name=name,
+        template_origin=(
+            f"the prompt_template of datasets entry {index}"
+            if "prompt_template" in item
+            else "the top-level prompt_template"
+        ),
     )

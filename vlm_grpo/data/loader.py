@@ -157,10 +157,10 @@ def _row(entry: DataEntry, record: Record, item: ParsedRecord, config_file: str)
             record.where,
             name,
             f"prompt_template names field '{name}', which this record lacks; add it to the records or change "
-            f"the prompt_template of datasets entry {entry.index} in {config_file}",
+            f"{entry.template_origin} in {config_file}",
         ) from exc
     except ValueError as exc:
-        raise DataConfigError(f"{config_file}: datasets entry {entry.index}: {exc}") from exc
+        raise DataConfigError(f"{config_file}: {entry.template_origin}: {exc}") from exc
     try:
         prompt = build_prompt(text, len(item.images), entry.system_prompt)
     except ValueError as exc:

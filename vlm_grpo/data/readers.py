@@ -24,8 +24,10 @@ class Record:
 
     @property
     def where(self) -> str:
-        """Position for messages, e.g. ``"record 3"`` or ``"record 3 (line 5)"``."""
-        return f"record {self.index}" if self.line is None else f"record {self.index} (line {self.line})"
+        """Position for messages, 1-based: ``"record 3"`` (the third) or ``"record 3 (line 5)"``."""
+        return (
+            f"record {self.index + 1}" if self.line is None else f"record {self.index + 1} (line {self.line})"
+        )
 
 
 def read_records(path: str, kind: str) -> list[Record]:
@@ -94,7 +96,7 @@ def _read_jsonl(path: str) -> list[Record]:
                     fields = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise DataConfigError(
-                        f"{path}: record {len(records)} (line {line_number}): invalid JSON ({exc.msg} at column "
+                        f"{path}: record {len(records) + 1} (line {line_number}): invalid JSON ({exc.msg} at column "
                         f"{exc.colno}); fix or remove the line"
                     ) from exc
                 records.append(

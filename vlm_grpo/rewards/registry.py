@@ -137,8 +137,10 @@ def _make_reward(name: Any, options: Mapping[str, Any], spec_keys: tuple[str, ..
         _check_options(name, REWARDS[name], options, spec_keys, any_keyword=False)
         return NamedReward(REWARDS[name], name, options)
     if "." not in name:
+        close = difflib.get_close_matches(name, list(REWARDS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise VLMGRPOError(
-            f"Unknown reward {name!r}. Built-in rewards: {_builtins()}; "
+            f"Unknown reward {name!r}{hint}. Built-in rewards: {_builtins()}; "
             "or give a dotted path 'package.module.function' to your own reward."
         )
     func, func_name = _import_reward(name)

@@ -1,0 +1,107 @@
+"""A new user's first hour with their own data: a tiny model from the command line, a warning when nothing can be
+learned, and errors that name the real key, record and file."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from conftest import color_dataset, grpo_args, write_color_data, write_train_yaml
+from test_bad_input import error_line
+
+from vlm_grpo import VLMGRPOTrainer, get_model_family
+from vlm_grpo.cli import main as cli_main
+from vlm_grpo.signal_watch import SignalWatch
+from vlm_grpo.testing import TINY_FAMILIES
+
+
+def test_tiny_model_command_builds_a_trainable_folder(tmp_path, capsys):
+    cli_main(["tiny-model", "qwen2_5_vl", str(tmp_path / "tiny"), "--words", "Cola", "Pepsi"])
+    assert "--model_name_or_path" in capsys.readouterr().out
+    family = get_model_family(str(tmp_path / "tiny"))
+    tokenizer = family.load_processor(str(tmp_path / "tiny")).tokenizer
+    assert family.model_type == "qwen2_5_vl" and tokenizer.convert_tokens_to_ids("Pepsi") != tokenizer.unk_token_id
+
+
+def test_tiny_model_help_lists_the_families(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["tiny-model", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert all(family in out for family in TINY_FAMILIES)
+
+
+def test_tiny_model_refuses_an_unknown_family(tmp_path, capsys):
+    line = error_line(capsys, "tiny-model", "qwen9", str(tmp_path / "tiny"))
+    assert "unknown family 'qwen9'" in line and "qwen2_5_vl" in line
+
+
+def constant_reward(completions, **kwargs) -> list[float]:
+    """A reward that ignores the completion: nothing can be learned from it."""
+    return [0.0] * len(completions)
+
+
+def test_no_learning_signal_is_said_once_then_every_n(tiny_model, tmp_path, caplog):
+    args = grpo_args(tmp_path, max_steps=7, no_signal_warning_steps=3, no_signal_warning_every=2)
+    trainer = VLMGRPOTrainer(tiny_model("qwen2_vl"), constant_reward, args=args, train_dataset=color_dataset(8))
+    with caplog.at_level(logging.WARNING, logger="vlm_grpo.trainer"):
+        trainer.train()
+    warnings = [r.getMessage() for r in caplog.records if "No learning signal" in r.getMessage()]
+    assert len(warnings) == 3  # after rollouts 3, 5 and 7
+    assert "3 rollouts in a row (up to step 3)" in warnings[0] and "every reward was 0" in warnings[0]
+    assert "samples" in warnings[0] and "format" in warnings[0]
+
+
+def test_signal_watch_resets_when_groups_differ():
+    watch = SignalWatch(steps=2, every=10, samples_hint="runs/x/samples/")
+    assert watch.observe(1.0, 0.5, False, 1) is None
+    assert watch.observe(0.5, 0.5, False, 2) is None  # one group with a spread: the count starts over
+    assert watch.observe(1.0, 0.5, False, 3) is None
+    message = watch.observe(1.0, 0.5, False, 4)
+    assert "2 rollouts in a row" in message and "the same reward (mean 0.5)" in message
+    assert SignalWatch(steps=0, every=1, samples_hint="").observe(1.0, 0.0, True, 1) is None  # off
+
+
+def test_paged_generation_is_refused_in_its_own_words(tmp_path, recwarn):
+    from vlm_grpo.errors import VLMGRPOError
+
+    with pytest.raises(VLMGRPOError, match="^use_transformers_paged "):
+        grpo_args(tmp_path, use_transformers_paged=True)
+    assert not [w for w in recwarn if "use_transformers_paged" in str(w.message)]
+
+
+def test_misspelt_reward_gets_a_suggestion_and_the_file(tiny_model, tmp_path, capsys):
+    data = write_color_data(tmp_path / "data")
+    config = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data, rewards=["iuo"])
+    line = error_line(capsys, "train", str(config))
+    assert str(config) in line and "'iuo' (did you mean 'iou'?)" in line
+
+
+def test_missing_data_config_names_the_training_yaml(tiny_model, tmp_path, capsys):
+    config = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), tmp_path / "nope.yaml")
+    line = error_line(capsys, "train", str(config))
+    assert f"{config}: data_config" in line and "nope.yaml not found" in line
+
+
+def test_top_level_prompt_template_error_says_top_level(tmp_path):
+    from vlm_grpo.data import DataConfigError, load_data_config
+
+    data = write_color_data(tmp_path / "data")
+    data.write_text("prompt_template: '{problem} {nothing}'\n" + data.read_text())
+    with pytest.raises(DataConfigError) as error:
+        load_data_config(data)
+    message = str(error.value)
+    assert "the top-level prompt_template" in message and "datasets entry" not in message
+    assert "record 1," in message  # the first record, counted from 1
+
+
+def test_resume_says_which_checkpoint(tiny_model, tmp_path, caplog):
+    from vlm_grpo.train import main as train_main
+
+    data = write_color_data(tmp_path / "data")
+    config = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data, save_strategy="steps", save_steps=1)
+    train_main([str(config)])
+    with caplog.at_level(logging.INFO, logger="vlm_grpo"):
+        train_main([str(config), "--max_steps", "3", "--resume_from_checkpoint", "true"])
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed from")]
+    assert lines == [f"resumed from {tmp_path / 'run' / 'checkpoint-2'} at step 2"]
