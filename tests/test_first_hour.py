@@ -20,7 +20,10 @@ def test_tiny_model_command_builds_a_trainable_folder(tmp_path, capsys):
     assert "--model_name_or_path" in capsys.readouterr().out
     family = get_model_family(str(tmp_path / "tiny"))
     tokenizer = family.load_processor(str(tmp_path / "tiny")).tokenizer
-    assert family.model_type == "qwen2_5_vl" and tokenizer.convert_tokens_to_ids("Pepsi") != tokenizer.unk_token_id
+    assert (
+        family.model_type == "qwen2_5_vl"
+        and tokenizer.convert_tokens_to_ids("Pepsi") != tokenizer.unk_token_id
+    )
 
 
 def test_tiny_model_help_lists_the_families(capsys):
@@ -43,7 +46,9 @@ def constant_reward(completions, **kwargs) -> list[float]:
 
 def test_no_learning_signal_is_said_once_then_every_n(tiny_model, tmp_path, caplog):
     args = grpo_args(tmp_path, max_steps=7, no_signal_warning_steps=3, no_signal_warning_every=2)
-    trainer = VLMGRPOTrainer(tiny_model("qwen2_vl"), constant_reward, args=args, train_dataset=color_dataset(8))
+    trainer = VLMGRPOTrainer(
+        tiny_model("qwen2_vl"), constant_reward, args=args, train_dataset=color_dataset(8)
+    )
     with caplog.at_level(logging.WARNING, logger="vlm_grpo.trainer"):
         trainer.train()
     warnings = [r.getMessage() for r in caplog.records if "No learning signal" in r.getMessage()]
@@ -105,3 +110,94 @@ def test_resume_says_which_checkpoint(tiny_model, tmp_path, caplog):
         train_main([str(config), "--max_steps", "3", "--resume_from_checkpoint", "true"])
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed from")]
     assert lines == [f"resumed from {tmp_path / 'run' / 'checkpoint-2'} at step 2"]
+
+
+@pytest.fixture(scope="module")
+def lora_run(tiny_model, tmp_path_factory):
+    """`(run folder, data config)` of a 1-step LoRA training run on the colour data."""
+    from vlm_grpo.train import main as train_main
+
+    folder = tmp_path_factory.mktemp("lora")
+    data = write_color_data(folder / "data")
+    train_main([str(write_train_yaml(folder, tiny_model("qwen2_vl"), data, use_peft=True, max_steps=1))])
+    return folder / "run", data
+
+
+def test_eval_takes_a_lora_run_folder(lora_run, tmp_path):
+    import json
+
+    run, data = lora_run
+    assert (run / "adapter_config.json").is_file() and not (run / "config.json").is_file()
+    report = tmp_path / "eval.json"
+    cli_main(["eval", "--model", str(run), "--data", str(data), "--rewards", "{name: accuracy, default: choice}",
+              "format", "--max_new_tokens", "2", "--output", str(report)])  # fmt: skip
+    assert set(json.loads(report.read_text())["rewards"]) == {"accuracy", "format"}
+
+
+def test_eval_checks_every_input_before_the_model_loads(lora_run, tmp_path, capsys, monkeypatch):
+    from vlm_grpo.models import ModelFamily
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(ModelFamily, "load_model", never)
+    run, data = lora_run
+    line = error_line(capsys, "eval", "--model", str(run), "--data", str(tmp_path / "nope.yaml"))
+    assert "nope.yaml not found" in line
+    line = error_line(capsys, "eval", "--model", str(run), "--data", str(data))  # accuracy, no method
+    assert "accu_reward_method" in line and '--rewards "{name: accuracy, default: iou}"' in line
+    line = error_line(capsys, "eval", "--model", str(run), "--data", str(data), "--rewards", "iuo")
+    assert "did you mean 'iou'" in line
+
+
+def test_eval_names_the_flags_when_the_base_model_is_gone(lora_run, tmp_path, capsys):
+    import json
+    import shutil
+
+    run, data = lora_run
+    moved = tmp_path / "adapter"
+    shutil.copytree(run, moved)
+    config = json.loads((moved / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(tmp_path / "gone")
+    (moved / "adapter_config.json").write_text(json.dumps(config))
+    line = error_line(capsys, "eval", "--model", str(moved), "--data", str(data))
+    assert f"--model BASE_MODEL_FOLDER --adapter {moved}" in line
+
+
+def test_compact_line_reads_the_metrics_of_a_step():
+    from vlm_grpo.console import compact_line
+
+    logs = {"loss": 0.1, "reward": 0.4213, "reward_std": 0.31, "kl": 0.00123, "completions/mean_length": 18.46,
+            "step_time": 2.07, "rewards/iou/mean": 0.4}  # fmt: skip
+    assert (
+        compact_line(logs, 3, 100)
+        == "step 3/100 | reward 0.421 ± 0.31 | kl 0.00123 | length 18.5 | 2.1 s/step"
+    )
+    assert (
+        compact_line({"eval_reward": 0.5, "eval_reward_std": 0.1}, 3, 100) == "eval step 3 | reward 0.5 ± 0.1"
+    )
+    assert compact_line({"train_runtime": 3.0}, 3, 100) is None
+
+
+def test_train_command_is_quiet_and_ends_with_a_summary(tiny_model, tmp_path):
+    from test_cli import vlm_grpo
+
+    data = write_color_data(tmp_path / "data")
+    config = write_train_yaml(
+        tmp_path,
+        tiny_model("qwen2_vl"),
+        data,
+        gradient_checkpointing=True,
+        save_strategy="steps",
+        save_steps=1,
+    )
+    result = vlm_grpo("train", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert [line.split(" | ")[0] for line in lines if line.startswith("step ")] == ["step 1/2", "step 2/2"]
+    assert (
+        "{'loss'" not in result.stdout and "Warning" not in result.stderr and "use_cache" not in result.stderr
+    )
+    summary = result.stdout[result.stdout.index("vlm-grpo train: done in") :]
+    assert f"model saved to {tmp_path / 'run'}" in summary and "latest checkpoint-2" in summary
+    assert "reward: final" in summary and "best" in summary

@@ -1,11 +1,14 @@
 """`vlm-grpo eval`: greedy (by default) generation on a data config, scored by rewards, written as JSON.
 
     vlm-grpo eval --model runs/demo/model --data data_config/eval.yaml --output eval.json
+    vlm-grpo eval --model runs/lora --data geo3k_test.yaml          # a LoRA run: its base model comes along
     vlm-grpo eval --model Qwen/Qwen2.5-VL-7B-Instruct --adapter runs/lora --data geo3k_test.yaml
+    vlm-grpo eval --model runs/rec --data rec_eval.yaml --rewards "{name: accuracy, default: iou}" format
 
 Report: `{"accuracy": float, "n": int, "rewards": {name: mean}}`; accuracy is the mean of the first reward
-(default `accuracy`, which follows each record's `accu_reward_method`). A None reward (not applicable to that
-record) is left out of its mean.
+(default `accuracy`, which follows each record's `accu_reward_method`, or its `default` option for records without
+one). A None reward (not applicable to that record) is left out of its mean. Every input (model folder, adapter,
+data config, rewards) is checked before the model loads.
 """
 
 from __future__ import annotations
@@ -13,16 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from transformers.trainer_utils import set_seed
 from trl.data_utils import prepare_multimodal_messages
 
 from .data import load_data_config
 from .device import default_device
+from .errors import VLMGRPOError
 from .models import ModelFamily, get_model_family
 from .rewards import build_rewards
 from .rollout import load_rows, pad_rows
@@ -83,6 +89,50 @@ def generate_texts(
     return texts
 
 
+def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
+    """`(base model, adapter)`: a `--model` folder that holds a LoRA adapter names its base model itself.
+
+    Raises:
+        VLMGRPOError: the adapter's base model is not here, `--adapter` is not an adapter folder, or both flags
+            name adapters; the message says which flags to pass.
+    """
+    config = os.path.join(model, "adapter_config.json")
+    if os.path.isfile(config) and not os.path.isfile(os.path.join(model, "config.json")):
+        if adapter is not None:
+            raise VLMGRPOError(
+                f"--model {model} is a LoRA adapter, and so is --adapter {adapter}; pass the base model as --model."
+            )
+        base = json.loads(open(config, encoding="utf-8").read()).get("base_model_name_or_path")
+        if not base or not (os.path.isdir(base) or "/" in base and not base.startswith((".", "/"))):
+            raise VLMGRPOError(
+                f"{model} holds a LoRA adapter trained on {base!r}, which is not a folder here; pass "
+                f"--model BASE_MODEL_FOLDER --adapter {model}."
+            )
+        return base, model
+    if adapter is not None and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+        raise VLMGRPOError(
+            f"--adapter {adapter} has no adapter_config.json; point it at a saved LoRA adapter."
+        )
+    return model, adapter
+
+
+def check_rewards_apply(funcs: Sequence[Any], dataset: Any) -> None:
+    """Score an empty completion of the first record with every reward, so that a reward that cannot read this
+    data (e.g. `accuracy` without `accu_reward_method` and no `default`) fails before the model loads."""
+    if len(dataset) == 0:
+        return
+    row = dataset[0]
+    columns = {k: [v] for k, v in row.items() if k not in _NOT_REWARD_COLUMNS}
+    for func in funcs:
+        try:
+            func(prompts=[row["prompt"]], completions=[[{"role": "assistant", "content": ""}]], **columns)
+        except VLMGRPOError as error:
+            raise VLMGRPOError(
+                f"{error} On the eval command line, reward options go in YAML form: "
+                '--rewards "{name: accuracy, default: iou}".'
+            ) from error
+
+
 def evaluate(
     model: str,
     data: str,
@@ -111,7 +161,11 @@ def evaluate(
         trust_remote_code (`bool`, defaults to False): allow code shipped with the checkpoint to run.
     """
     set_seed(seed)
+    model, adapter = resolve_adapter(model, adapter)
     family = get_model_family(model, trust_remote_code=trust_remote_code)
+    dataset = load_data_config(data, seed=seed)
+    funcs, _ = build_rewards(list(rewards))
+    check_rewards_apply(funcs, dataset)
     policy = family.load_model(model, **family.model_init_kwargs(trust_remote_code=trust_remote_code))
     if adapter:
         from peft import PeftModel
@@ -119,8 +173,6 @@ def evaluate(
         policy = PeftModel.from_pretrained(policy, adapter)
     policy = policy.to(default_device()).eval()
     processor = family.load_processor(model, trust_remote_code=trust_remote_code)
-    dataset = load_data_config(data, seed=seed)
-    funcs, _ = build_rewards(list(rewards))
 
     scores: dict[str, list[float]] = {f.__name__: [] for f in funcs}
     for start in range(0, len(dataset), batch_size):
@@ -140,15 +192,34 @@ def evaluate(
     return report
 
 
+def reward_spec(text: str) -> Any:
+    """A `--rewards` item: a reward name, or a YAML mapping `{name: ..., option: value}` as in a training YAML."""
+    if not text.lstrip().startswith("{"):
+        return text
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise VLMGRPOError(
+            f"--rewards {text!r}: not a YAML mapping ({' '.join(str(error).split())})."
+        ) from error
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo eval`."""
     parser = argparse.ArgumentParser(prog="vlm-grpo eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="model folder")
+    parser.add_argument(
+        "--model", required=True, help="model folder, or a LoRA run's folder (its base model is found)"
+    )
     parser.add_argument("--adapter", default=None, help="LoRA adapter folder trained on top of --model")
     parser.add_argument("--data", required=True, help="YAML data config to evaluate on")
     parser.add_argument("--output", default=None, help="write the JSON report here")
     parser.add_argument(
-        "--rewards", nargs="+", default=["accuracy"], help="rewards; the first is the accuracy"
+        "--rewards",
+        nargs="+",
+        default=["accuracy"],
+        help="rewards, as in a training YAML: names, or mappings with options such as "
+        '"{name: accuracy, default: iou}"; the first is the accuracy (default: accuracy, which follows each '
+        "record's accu_reward_method)",
     )
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--max_new_tokens", type=int, default=64)
@@ -160,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         args.model,
         args.data,
         args.adapter,
-        args.rewards,
+        [reward_spec(text) for text in args.rewards],
         args.batch_size,
         args.max_new_tokens,
         not args.sample,

@@ -21,6 +21,7 @@ import argparse
 import difflib
 import logging
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -33,6 +34,7 @@ from trl import GRPOConfig, TrlParser, get_peft_config
 from .adapters import qlora_quantization_config
 from .checkpoints import checkpoint_step, resolve_resume
 from .config import VLMGRPOConfig, VLMModelConfig
+from .console import closing_summary, quiet_third_party, use_compact_console
 from .data import load_data_config
 from .errors import VLMGRPOError, one_line, run_cli
 from .preemption import EXIT_PREEMPTED, PreemptionCallback, preempted_step
@@ -238,9 +240,15 @@ def init_deepspeed_comm(training_args: VLMGRPOConfig) -> None:
 
 
 def run(
-    script_args: ScriptArguments, training_args: VLMGRPOConfig, model_args: VLMModelConfig
+    script_args: ScriptArguments,
+    training_args: VLMGRPOConfig,
+    model_args: VLMModelConfig,
+    compact_console: bool = False,
 ) -> VLMGRPOTrainer:
     """Train with parsed arguments and save the model (or adapter) and processor to `output_dir`.
+
+    With `compact_console` (the command line), each logging step prints one line instead of the metrics dict (see
+    `vlm_grpo.console`).
 
     SIGTERM and SIGUSR1 are handled while this runs (the previous handlers are restored after): the run finishes
     its optimizer step, writes a complete checkpoint and returns without saving a final model;
@@ -252,6 +260,8 @@ def run(
     preemption = PreemptionCallback()
     with preemption.handle_signals():
         trainer = build_trainer(script_args, training_args, model_args, callbacks=[preemption])
+        if compact_console:
+            use_compact_console(trainer)
         checkpoint = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
         if checkpoint is not None:
             logger.info("resumed from %s at step %s", checkpoint, checkpoint_step(checkpoint))
@@ -314,10 +324,14 @@ def finish_processes() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo train`."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    trainer = run(*parse_args(argv))
+    quiet_third_party()
+    start = time.perf_counter()
+    trainer = run(*parse_args(argv), compact_console=True)
     step = preempted_step(trainer.callback_handler.callbacks)
     output_dir = trainer.args.output_dir
     finish_processes()
+    if step is None and trainer.accelerator.is_main_process:
+        print(closing_summary(trainer, time.perf_counter() - start), flush=True)
     if step is not None:
         print(
             f"vlm-grpo train: preempted: stopped after step {step} with a complete checkpoint "
