@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ from PIL import Image
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(
+    prefix="vlm_grpo_cache_"
+)  # the option cache, per test session
 
 NEW_FAMILIES = ("qwen3_vl_moe", "internvl_moe", "gemma4", "glm4v", "glm46v", "glm4v_moe")
 """Families added after the first five: `test_families_coverage` runs the per-family checks other files run on a

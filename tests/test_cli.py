@@ -108,9 +108,10 @@ def test_usage_errors_exit_1_in_every_command(command, capsys):
     assert exc.value.code == 1 and f"vlm-grpo {command}: error:" in capsys.readouterr().err
 
 
-def test_train_help_shows_config_and_our_options_first(capsys):
+@pytest.mark.parametrize("flag", ["--help", "--help-all"])
+def test_train_help_shows_config_and_our_options_first(flag, capsys):
     with pytest.raises(SystemExit) as exc:
-        cli_main(["train", "--help"])
+        cli_main(["train", flag])
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: vlm-grpo train CONFIG.yaml")

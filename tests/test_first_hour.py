@@ -201,3 +201,32 @@ def test_train_command_is_quiet_and_ends_with_a_summary(tiny_model, tmp_path):
     summary = result.stdout[result.stdout.index("vlm-grpo train: done in") :]
     assert f"model saved to {tmp_path / 'run'}" in summary and "latest checkpoint-2" in summary
     assert "reward: final" in summary and "best" in summary
+
+
+def test_option_cache_equals_the_parser(tiny_model, tmp_path):
+    from vlm_grpo.option_cache import read_options
+    from vlm_grpo.train import build_parser, parse_args, parser_options
+
+    config = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), write_color_data(tmp_path / "data"))
+    parse_args([str(config)])  # a full parse writes the cache
+    assert read_options() == parser_options(build_parser())
+
+
+def test_typos_are_refused_before_any_heavy_import(tiny_model, tmp_path):
+    """With the option cache written, a bad key, flag or data config is refused without importing TRL or torch."""
+    import subprocess
+    import sys
+
+    from vlm_grpo.train import parse_args
+
+    config = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), write_color_data(tmp_path / "data"))
+    parse_args([str(config)])
+    config.write_text(config.read_text().replace("learning_rate", "learnin_rate"))
+    probe = (
+        "import sys\nfrom vlm_grpo.train import parse_args\nfrom vlm_grpo.errors import VLMGRPOError\n"
+        f"try:\n    parse_args([{str(config)!r}])\nexcept VLMGRPOError as error:\n    print(error)\n"
+        "print(sorted(m for m in ('torch', 'trl', 'transformers', 'datasets') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert "'learnin_rate' (did you mean 'learning_rate'?)" in result.stdout, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("[]")

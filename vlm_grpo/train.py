@@ -25,21 +25,20 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
-from trl import GRPOConfig, TrlParser, get_peft_config
 
-from .adapters import qlora_quantization_config
 from .checkpoints import checkpoint_step, resolve_resume
-from .config import VLMGRPOConfig, VLMModelConfig
-from .console import closing_summary, quiet_third_party, use_compact_console
-from .data import load_data_config
-from .errors import VLMGRPOError, one_line, run_cli
-from .preemption import EXIT_PREEMPTED, PreemptionCallback, preempted_step
+from .errors import EXIT_USER_ERROR, VLMGRPOError, one_line, run_cli
+from .option_cache import read_options, short_help, write_options
 from .rewards import build_rewards
-from .trainer import VLMGRPOTrainer
+
+if TYPE_CHECKING:  # torch, TRL and transformers are imported when a command needs them (see `parse_args`)
+    from trl import TrlParser
+
+    from .config import VLMGRPOConfig, VLMModelConfig
+    from .trainer import VLMGRPOTrainer
 
 logger = logging.getLogger("vlm_grpo")
 
@@ -70,6 +69,10 @@ class ScriptArguments:
 
 def model_init_kwargs(model_args: VLMModelConfig) -> dict[str, Any]:
     """`from_pretrained` keyword arguments from the model config (QLoRA: NF4 weights, bf16 compute)."""
+    import torch
+
+    from .adapters import qlora_quantization_config
+
     kwargs: dict[str, Any] = {"revision": model_args.model_revision, "dtype": model_args.dtype}
     if model_args.attn_implementation is not None:
         kwargs["attn_implementation"] = model_args.attn_implementation
@@ -86,6 +89,10 @@ def model_init_kwargs(model_args: VLMModelConfig) -> dict[str, Any]:
 
 def build_parser() -> TrlParser:
     """The parser of `vlm-grpo train`: our own options first in `--help`, then TRL's and transformers' ones."""
+    from trl import GRPOConfig, TrlParser
+
+    from .config import VLMGRPOConfig, VLMModelConfig
+
     parser = TrlParser(
         (ScriptArguments, VLMGRPOConfig, VLMModelConfig),
         prog="vlm-grpo train",
@@ -137,26 +144,40 @@ def read_config(path: str) -> dict[str, Any]:
     return config
 
 
-def check_config_keys(config: dict[str, Any], path: str, parser: TrlParser) -> None:
+def parser_options(parser: TrlParser) -> dict[str, Any]:
+    """What `option_cache` keeps of the parser: YAML keys, flags, help texts, and our own options in order."""
+    actions = [a for a in parser._actions if a.dest != "help"]
+    own_group = [
+        g for g in parser._action_groups if g.title and g.title.startswith(("what to", "vision-language"))
+    ]
+    return {
+        "names": sorted({a.dest for a in actions}),
+        "flags": sorted(flag for a in actions for flag in a.option_strings if flag.startswith("--")),
+        "help": {a.dest: a.help or "" for a in actions},
+        "own": [a.dest for g in own_group for a in g._group_actions if a.dest != "help"],
+    }
+
+
+def check_config_keys(config: dict[str, Any], path: str, names: Iterable[str]) -> None:
     """Refuse top-level keys that name no option, each with the closest valid name."""
-    valid = {a.dest for a in parser._actions if a.dest != "help"} | set(CONFIG_FILE_KEYS)
+    valid = set(names) | set(CONFIG_FILE_KEYS)
     unknown = [str(key) for key in config if key not in valid]
     if unknown:
         named = ", ".join(f"{key!r}{_closest(key, valid)}" for key in unknown)
         raise VLMGRPOError(
             f"{path}: unknown key{'s' if len(unknown) > 1 else ''} {named}; fix or remove "
-            f"{'them' if len(unknown) > 1 else 'it'} (`vlm-grpo train --help` lists every option)."
+            f"{'them' if len(unknown) > 1 else 'it'} (`vlm-grpo train --help-all` lists every option)."
         )
 
 
-def check_flags(argv: list[str], parser: TrlParser) -> None:
+def check_flags(argv: list[str], flags: Iterable[str]) -> None:
     """Refuse command-line flags that name no option, with the closest valid flag."""
-    valid = [flag for flag in parser._option_string_actions if flag.startswith("--")]
+    valid = list(flags)
     for token in argv:
         flag = token.split("=", 1)[0]
         if flag.startswith("--") and flag not in valid:
             raise VLMGRPOError(
-                f"unknown option {flag}{_closest(flag, valid)}; `vlm-grpo train --help` lists every option."
+                f"unknown option {flag}{_closest(flag, valid)}; `vlm-grpo train --help-all` lists every option."
             )
 
 
@@ -171,22 +192,28 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOC
         VLMGRPOError: any of the errors above, or no `data_config` / `model_name_or_path`.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    if "--help-all" in argv:
+        build_parser().parse_args(["--help"])
     if not argv:
-        parser.error("give a training config: vlm-grpo train CONFIG.yaml (--help lists the options)")
+        print(
+            f"usage: {USAGE}\nvlm-grpo train: error: give a training config (--help lists the options)",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_USER_ERROR)
+    if "-h" in argv or "--help" in argv:
+        print(short_help(read_options() or _cache(build_parser()), USAGE))
+        raise SystemExit(0)
     if not argv[0].startswith("-"):
         argv = ["--config", argv[0], *argv[1:]]
     config_path = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
     rest = [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
-    check_flags(rest, parser)
-    if config_path is not None:
-        config = read_config(config_path)
-        check_config_keys(config, config_path, parser)
-        if "rewards" in config and "--rewards" not in rest:
-            try:
-                build_rewards(config["rewards"])  # reward names and entry keys, before TRL's checks
-            except VLMGRPOError as error:
-                raise VLMGRPOError(f"{config_path}: rewards: {error}") from error
+    config = read_config(config_path) if config_path is not None else {}
+    options = read_options()
+    if options is not None:  # every check that needs no heavy import, within a second
+        _check_inputs(config, config_path, rest, options)
+    parser = build_parser()
+    options = _cache(parser)
+    _check_inputs(config, config_path, rest, options)
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     except VLMGRPOError:
@@ -197,21 +224,39 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOC
         raise VLMGRPOError(
             "data_config is required: set `data_config: path/to/data.yaml` in the training YAML."
         )
-    for key, path in (
-        ("data_config", script_args.data_config),
-        ("eval_data_config", script_args.eval_data_config),
-    ):
-        if path is not None and not Path(path).is_file():
-            where = f"{config_path}: {key}" if config_path else f"--{key}"
-            raise VLMGRPOError(
-                f"{where}: data config {path} not found (paths are relative to the working directory "
-                f"{Path.cwd()}); fix the path."
-            )
     if model_args.model_name_or_path is None:
         raise VLMGRPOError(
             "model_name_or_path is required: set it in the training YAML or pass --model_name_or_path."
         )
     return script_args, training_args, model_args
+
+
+def _cache(parser: TrlParser) -> dict[str, Any]:
+    """The parser's options, written to the option cache for the next command (see `option_cache`)."""
+    options = parser_options(parser)
+    write_options(options)
+    return options
+
+
+def _check_inputs(config: dict[str, Any], config_path: str | None, rest: list[str], options: dict) -> None:
+    """Unknown flags and keys, reward names and entries, and the data configs' existence, named in one line."""
+    check_flags(rest, options["flags"])
+    if config_path is not None:
+        check_config_keys(config, config_path, options["names"])
+        if "rewards" in config and "--rewards" not in rest:
+            try:
+                build_rewards(config["rewards"])  # reward names and entry keys, before TRL's checks
+            except VLMGRPOError as error:
+                raise VLMGRPOError(f"{config_path}: rewards: {error}") from error
+    for key in ("data_config", "eval_data_config"):
+        flag = f"--{key}"
+        path = rest[rest.index(flag) + 1] if flag in rest[:-1] else config.get(key)
+        if path is not None and not Path(str(path)).is_file():
+            where = f"{config_path}: {key}" if config_path and flag not in rest else flag
+            raise VLMGRPOError(
+                f"{where}: data config {path} not found (paths are relative to the working directory "
+                f"{Path.cwd()}); fix the path."
+            )
 
 
 def init_deepspeed_comm(training_args: VLMGRPOConfig) -> None:
@@ -225,6 +270,8 @@ def init_deepspeed_comm(training_args: VLMGRPOConfig) -> None:
     computed for the real world size ("train_batch_size ... 4 != 2 * 1 * 1"). Here the existing group is wrapped
     (never a new one); a no-op without DeepSpeed, without a process group, or when DeepSpeed already has one.
     """
+    import torch
+
     if training_args.deepspeed_plugin is None:
         return
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -254,6 +301,9 @@ def run(
     its optimizer step, writes a complete checkpoint and returns without saving a final model;
     `preempted_step(trainer.callback_handler.callbacks)` then gives the step (see `vlm_grpo.preemption`).
     """
+    from .console import use_compact_console
+    from .preemption import PreemptionCallback
+
     # Parsing built `training_args`, which set up the process group (its DeepSpeed config uses the world size);
     # DeepSpeed must see that group before the model is loaded under ZeRO-3.
     init_deepspeed_comm(training_args)
@@ -283,6 +333,11 @@ def build_trainer(
     callbacks: list | None = None,
 ) -> VLMGRPOTrainer:
     """Load the data and rewards and build the trainer (the model is loaded here)."""
+    from trl import get_peft_config
+
+    from .data import load_data_config
+    from .trainer import VLMGRPOTrainer
+
     train_dataset = load_data_config(script_args.data_config, seed=training_args.seed)
     eval_dataset = None
     if script_args.eval_data_config:
@@ -315,6 +370,8 @@ def finish_processes() -> None:
     training ended normally or by preemption, on every process alike (after an error, some processes may still be
     inside a collective). A no-op without a process group.
     """
+    import torch
+
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
     torch.distributed.barrier()
@@ -324,9 +381,13 @@ def finish_processes() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo train`."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    quiet_third_party()
     start = time.perf_counter()
-    trainer = run(*parse_args(argv), compact_console=True)
+    args = parse_args(argv)
+    from .console import closing_summary, quiet_third_party
+    from .preemption import EXIT_PREEMPTED, preempted_step
+
+    quiet_third_party()
+    trainer = run(*args, compact_console=True)
     step = preempted_step(trainer.callback_handler.callbacks)
     output_dir = trainer.args.output_dir
     finish_processes()
