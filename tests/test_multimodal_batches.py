@@ -75,7 +75,7 @@ def test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_pa
         )
         free = trainer.model.generate(**inputs, max_new_tokens=4, do_sample=True)[0, ids.size(1) :]
         assert any(t in placeholders for t in free.tolist())
-        completions = trainer._sample_with_transformers(encoded, shared=True)
+        completions = trainer._sample_with_transformers(encoded, shared=trainer.family.indexable_cache)
     finally:
         hook.remove()
     assert all(completions)

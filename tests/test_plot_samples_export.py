@@ -77,10 +77,13 @@ def test_plot_errors_name_the_path(tmp_path, capsys):
 def test_plot_title_names_the_run_not_its_path(tmp_path):
     _write_state(tmp_path / "my_run" / "checkpoint-3", 3)
     state = find_trainer_state(tmp_path / "my_run")
-    assert plot_title(tmp_path / "my_run", state) == "my_run: checkpoint-3/trainer_state.json"
+    run = f"{tmp_path.name}/my_run"  # the run, by its folder and the one above (demos save to .../model)
+    assert plot_title(tmp_path / "my_run", state) == f"{run} (checkpoint-3)"
     relative = tmp_path / "my_run" / "." / "checkpoint-3" / ".."  # a relative-looking spelling of the folder
-    assert plot_title(relative, state) == "my_run: checkpoint-3/trainer_state.json"
-    assert str(tmp_path) not in plot_title(tmp_path / "my_run", state)
+    assert plot_title(relative, state) == f"{run} (checkpoint-3)"
+    assert str(tmp_path.parent) not in plot_title(tmp_path / "my_run", state)
+    _write_state(tmp_path / "my_run", 4)
+    assert plot_title(tmp_path / "my_run", find_trainer_state(tmp_path / "my_run")) == run
 
 
 # --------------------------------------------------------------------------------------------------- samples
@@ -126,7 +129,7 @@ def test_write_read_and_render_samples(tmp_path):
     assert f"<title>Samples of {tmp_path.name}</title>" in head and str(tmp_path.parent) not in head
 
 
-def test_inline_images_are_at_most_256_pixels(tmp_path):
+def test_inline_images_have_a_readable_size(tmp_path):
     import base64
     import io
     import re
@@ -137,7 +140,12 @@ def test_inline_images_are_at_most_256_pixels(tmp_path):
     page = render_html(tmp_path, tmp_path / "out" / "view.html").read_text()
     data = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page).group(1)
     with Image.open(io.BytesIO(base64.b64decode(data))) as image:
-        assert image.size == (256, 102)
+        assert image.size == (384, 154)  # large images shrink to a 384-pixel long side ...
+    Image.new("RGB", (56, 56), (10, 20, 30)).save(image_path)
+    page = render_html(tmp_path, tmp_path / "out" / "small.html").read_text()
+    data = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page).group(1)
+    with Image.open(io.BytesIO(base64.b64decode(data))) as image:
+        assert image.size == (384, 384)  # ... and small ones grow to it, pixel by pixel
 
 
 def test_malformed_sample_line_names_file_and_line(tmp_path):
@@ -214,3 +222,61 @@ def test_export_refuses_a_missing_adapter(tiny_model, tmp_path, capsys):
     with pytest.raises(ValueError, match="adapter_config.json"):
         export_merged(base_path, tmp_path / "empty", tmp_path / "merged")
     assert not (tmp_path / "merged").exists()
+
+
+def test_panels_merge_and_accuracy_rewards_feed_the_accuracy_panel():
+    from vlm_grpo.plot import curve_panels
+
+    one = [{"step": 1, "reward": 0.5, "rewards/iou/mean": 0.5, "completions/mean_length": 9.0}]
+    titles = [title for _, title, _, _ in curve_panels(one)]
+    assert titles == [
+        "reward (accuracy: iou)",
+        "completion length (tokens)",
+        "KL to the reference",
+        "entropy",
+    ]
+    two = [{"step": 1, "reward": 0.6, "rewards/geo3k/mean": 0.5, "rewards/format/mean": 1.0}]
+    panels = {title: series for series, title, _, _ in curve_panels(two)}
+    assert panels["accuracy"] == {"geo3k": "rewards/geo3k/mean"}
+    assert set(panels["reward per function"]) == {"geo3k", "format"}
+
+
+def test_near_constant_series_are_drawn_flat():
+    from vlm_grpo.plot import y_limits
+
+    low, high = y_limits(0.5001, 0.5003)  # rounding noise around 0.5
+    assert high - low >= 0.05 * 0.5 and low < 0.5001 and high > 0.5003
+    low, high = y_limits(0.1, 0.9)  # a real change keeps its own scale, with a margin
+    assert low < 0.1 and high > 0.9 and high - low < 1.0
+
+
+def test_grounding_samples_draw_the_solution_and_each_predicted_box(tmp_path):
+    import base64
+    import io
+    import re
+
+    from vlm_grpo.samples import BOX_COLORS, SOLUTION_COLOR
+
+    image_path = tmp_path / "rec.png"
+    Image.new("RGB", (56, 56), (255, 255, 255)).save(image_path)
+    record = {
+        "step": 1, "prompt": "Where is the square?", "images": [str(image_path)], "solution": [4, 4, 28, 28],
+        "completions": ["<answer>[30, 30, 50, 50]</answer>", "no box", "[8, 8, 20, 40]"],
+        "rewards": {"iou": [0.0, 0.0, 0.3]}, "advantages": [0.0, -1.0, 1.0],
+    }  # fmt: skip
+    write_samples(samples_path(tmp_path, 1), [record])
+    page = render_html(tmp_path).read_text()
+    data = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page).group(1)
+    with Image.open(io.BytesIO(base64.b64decode(data))) as image:
+        scale = image.width / 56  # every pixel of the 56-pixel image is shown as a block
+        assert (
+            image.getpixel((int(16 * scale), int(4 * scale) + 1)) == SOLUTION_COLOR
+        )  # top edge of the solution
+        assert image.getpixel((int(40 * scale), int(30 * scale) + 1)) == BOX_COLORS[0]  # completion 0's box
+        assert image.getpixel((int(8 * scale) + 1, int(30 * scale))) == BOX_COLORS[2]  # completion 2's box
+        assert image.getpixel((int(45 * scale), int(10 * scale))) == (
+            255,
+            255,
+            255,
+        )  # nothing drawn elsewhere
+    assert page.count('class="swatch"') == 3  # the solution and the two completions that wrote a box

@@ -25,7 +25,7 @@ through `test_every_shape_saves_loads_and_trains` and the seed and size tests.""
 # Parameters the family's forward never uses (none: Gemma 3's SigLIP tower is built without its pooling head).
 KNOWN_UNUSED: dict[str, set[str]] = {family: set() for family in FAMILIES}
 
-# Chat turn end, which must be the first generation eos id.
+# Chat turn end, which must be one of the generation eos ids (the published order: Qwen's first, Gemma 3's after <eos>).
 TURN_END = {
     "qwen2_vl": "<|im_end|>",
     "qwen2_5_vl": "<|im_end|>",
@@ -210,7 +210,7 @@ def test_reload_sizes_and_ids(loaded: tuple[str, Any, Any]) -> None:
 
     generation_config = model.generation_config
     turn_end_id = tokenizer.convert_tokens_to_ids(TURN_END[family])
-    assert generation_config.eos_token_id[0] == turn_end_id
+    assert turn_end_id in generation_config.eos_token_id
     assert tokenizer.eos_token_id in generation_config.eos_token_id
     assert generation_config.pad_token_id == tokenizer.pad_token_id
     if family == "gemma3":
@@ -248,7 +248,10 @@ def test_chat_template_layout(loaded: tuple[str, Any, Any]) -> None:
         "<|im_start|>system\nAnswer with one word .<|im_end|>\n"
         f"<|im_start|>user\n{image}What color is the square?<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert plain == "<|im_start|>user\nWhat is red?<|im_end|>\n<|im_start|>assistant\n"
+    # Qwen2-VL's and Qwen2.5-VL's templates open with a default system turn when the messages give none
+    default = "You are a helpful assistant." if family in ("qwen2_vl", "qwen2_5_vl") else None
+    system = f"<|im_start|>system\n{default}<|im_end|>\n" if default else ""
+    assert plain == f"{system}<|im_start|>user\nWhat is red?<|im_end|>\n<|im_start|>assistant\n"
     assert two.count(image) == 2
     assert "<|im_start|>assistant\n<think> blue </think> <answer> right </answer><|im_end|>\n" in two
     assert no_prompt == text.removesuffix("<|im_start|>assistant\n")

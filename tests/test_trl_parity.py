@@ -80,7 +80,6 @@ CASES = {
     "sampling": {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "repetition_penalty": 1.1},
     "chat_template_kwargs": {"chat_template_kwargs": {"enable_thinking": False}},
     "disable_dropout": {"disable_dropout": True},
-    "cast_lm_head_to_fp32": {"cast_lm_head_to_fp32": True},
     "no_shuffle": {"shuffle_dataset": False},
     "log_completions": {"log_completions": True, "num_completions_to_print": 2, "log_unique_prompts": True},
 }
@@ -265,6 +264,51 @@ def test_evaluation_ends_completions_on_the_training_eos_ids(family, tiny_model,
     args = grpo_args(tmp_path)
     trainer = VLMGRPOTrainer(tiny_model(family), length_reward, args=args, train_dataset=color_dataset(4))
     assert trainer.family.eos_token_ids(trainer.processing_class, trainer.model) == trainer.eos_token_ids
+
+
+def test_cast_lm_head_to_fp32_as_trl_on_an_untied_model(tiny_model, tmp_path):
+    path = tiny_model("internvl")  # InternVL's language model keeps its own LM head
+    fam = get_model_family(path)
+    processor = fam.load_processor(path)
+    placeholders = fam.placeholder_token_ids(
+        processor, AutoModelForImageTextToText.from_pretrained(path).config
+    )
+    options = dict(max_steps=2, beta=0.04, cast_lm_head_to_fp32=True)
+    stock, stock_seen = train_rollouts(
+        GRPOTrainer, GRPOConfig, path, processor, placeholders, tmp_path, options
+    )
+    ours, our_seen = train_rollouts(
+        VLMGRPOTrainer, VLMGRPOConfig, path, processor, placeholders, tmp_path,
+        {**options, "share_prompt_prefix": False},
+    )  # fmt: skip
+    assert our_seen == stock_seen
+    stock_params = dict(stock.model.named_parameters())
+    for name, param in ours.model.named_parameters():
+        torch.testing.assert_close(param, stock_params[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_cast_lm_head_to_fp32_with_tied_embeddings(tiny_model, tmp_path):
+    """Stock TRL 1.16 fails on a tied VLM (it looks for `model.model.embed_tokens`); ours computes the LM head of the
+    policy and of the reference in float32 while the shared embedding's outputs keep the model's dtype."""
+    path = tiny_model("qwen2_vl")  # tied, as the 2B-4B Qwen-VL checkpoints
+    args = dict(
+        max_steps=1, beta=0.04, cast_lm_head_to_fp32=True, model_init_kwargs={"dtype": torch.bfloat16}
+    )
+    with pytest.raises(AttributeError, match="embed_tokens"):
+        GRPOTrainer(
+            path, length_reward, args=GRPOConfig(output_dir=str(tmp_path / "stock"), **{**COMMON, **args}),
+            train_dataset=color_dataset(4),
+        )  # fmt: skip
+    trainer = VLMGRPOTrainer(
+        path, length_reward, args=grpo_args(tmp_path, **args), train_dataset=color_dataset(4)
+    )
+    trainer.train()
+    for model in (trainer.model, trainer.ref_model):
+        embedding = model.get_input_embeddings()
+        assert model.lm_head.weight is embedding.weight and model.config.tie_word_embeddings
+        assert model.lm_head.weight.dtype == torch.float32
+        assert embedding(torch.tensor([[1, 2]])).dtype == torch.bfloat16
+    assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
 
 
 def test_chat_template_kwargs_reach_the_training_prompt(qwen, tmp_path):

@@ -5,7 +5,10 @@
 
 The newest state wins: `RUN_DIR/trainer_state.json` (written by `trainer.save_state()` at the end of training)
 or the `RUN_DIR/checkpoint-*/trainer_state.json` with the largest `global_step`. Panels, against the step:
-reward per reward function, total reward, accuracy, completion length, KL and entropy.
+reward per reward function, total reward, accuracy (every accuracy-style reward: `accuracy`, `iou`,
+`choice_accuracy`, `math_accuracy`, `geo3k`), completion length, KL and entropy. Panels that would draw the same
+series are merged (with one reward, the reward panel is also its per-function and, for an accuracy reward, its
+accuracy panel), and a near-constant series is drawn on a sane scale instead of its rounding noise.
 """
 
 from __future__ import annotations
@@ -19,10 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from .errors import VLMGRPOError, run_cli
+from .rewards.accuracy import ACCURACY_METHODS
+
+ACCURACY_REWARDS = ("accuracy", *ACCURACY_METHODS)
+"""Rewards that measure whether the answer is right: `accuracy` and each reward it dispatches to."""
 
 STATE_FILE = "trainer_state.json"
 DEFAULT_OUTPUT = "training_curves.png"
 _REWARD_KEY = re.compile(r"^rewards/(.+)/mean$")
+MIN_RELATIVE_SPAN = 0.05
+"""A panel's y-range spans at least this share of its largest |value| (so rounding noise stays flat)."""
 
 
 def find_trainer_state(run_dir: str | Path) -> Path:
@@ -118,12 +127,15 @@ def _draw(
     ax.set_title(title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
-    drawn = 0
+    drawn, low, high = 0, math.inf, -math.inf
     for label, key in keys.items():
         steps, values = _series(entries, key)
         if steps:
             ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
             drawn += 1
+            low, high = min(low, *values), max(high, *values)
+    if drawn:
+        ax.set_ylim(*y_limits(low, high))
     if drawn == 0:
         ax.text(0.5, 0.5, missing, ha="center", va="center", transform=ax.transAxes, color="grey")
         ax.set_xticks([])
@@ -133,18 +145,29 @@ def _draw(
     ax.grid(alpha=0.3)
 
 
+def y_limits(low: float, high: float) -> tuple[float, float]:
+    """y-range of a panel whose values lie in `[low, high]`: a margin around them, at least `MIN_RELATIVE_SPAN` of
+    the largest |value| wide (and 1e-3 around zero), so that a near-constant series is drawn flat."""
+    span = max(high - low, MIN_RELATIVE_SPAN * max(abs(low), abs(high)), 1e-3)
+    middle = (low + high) / 2
+    return middle - 0.55 * span, middle + 0.55 * span
+
+
 def plot_title(run_dir: str | Path, state_file: Path) -> str:
-    """The figure's title: the run folder's name and the state file inside it, never an absolute path.
+    """The figure's title: the run, named by its folder and the one above it, and the checkpoint read when it is
+    not the run's final state; never an absolute path.
 
     Args:
         run_dir (`str | Path`): the run's `output_dir`.
         state_file (`Path`): the `trainer_state.json` read, inside `run_dir`.
 
     Returns:
-        `str`: e.g. `"demo: checkpoint-40/trainer_state.json"`.
+        `str`: e.g. `"demo_grounding/model"` or `"runs/rec (checkpoint-40)"`.
     """
     run_dir = Path(run_dir).resolve()
-    return f"{run_dir.name}: {Path(state_file).resolve().relative_to(run_dir).as_posix()}"
+    name = f"{run_dir.parent.name}/{run_dir.name}" if run_dir.parent.name else run_dir.name
+    inside = Path(state_file).resolve().parent.relative_to(run_dir).as_posix()
+    return name if inside == "." else f"{name} ({inside})"
 
 
 def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
@@ -164,32 +187,45 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     from matplotlib.figure import Figure
 
     path, entries = load_log_history(run_dir)
-    keys = sorted({k for e in entries for k in e})
-    per_function = {m.group(1): k for k in keys if (m := _REWARD_KEY.match(k))}
-    accuracy = {n: k for n, k in per_function.items() if "accuracy" in n or n == "iou"}
-
-    figure = Figure(figsize=(15, 8.5), layout="constrained")
+    panels = curve_panels(entries)
+    columns = math.ceil(len(panels) / 2)
+    figure = Figure(figsize=(5 * columns, 8.5), layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(2, 3).ravel()
-    _draw(axes[0], entries, per_function, "reward per function", "no per-function reward logged", True)
-    _draw(axes[1], entries, {"reward": "reward"}, "total reward", "not logged")
-    _draw(
-        axes[2],
-        entries,
-        accuracy,
-        "accuracy",
-        "no accuracy reward\n(rewards/*accuracy* or rewards/iou)",
-        True,
-    )
-    _draw(axes[3], entries, {"mean": "completions/mean_length"}, "completion length (tokens)", "not logged")
-    _draw(axes[4], entries, {"kl": "kl"}, "KL to the reference", "not logged (beta = 0)")
-    _draw(axes[5], entries, {"entropy": "entropy"}, "entropy", "not logged")
+    axes = figure.subplots(2, columns).ravel()
+    for ax, (series, title, missing, legend) in zip(axes, panels, strict=False):
+        _draw(ax, entries, series, title, missing, legend)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
     figure.suptitle(plot_title(run_dir, path), fontsize="medium")
 
     output = Path(output) if output is not None else Path(run_dir) / DEFAULT_OUTPUT
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output, dpi=100, format="png")
     return output
+
+
+def curve_panels(entries: list[dict[str, Any]]) -> list[tuple[dict[str, str], str, str, bool]]:
+    """The panels to draw, in order: `(series label -> log key, title, note when none was logged, legend)`.
+
+    With one reward function, its curve is the total reward's (up to its weight) and, for an accuracy-style reward,
+    the accuracy's: one panel shows it.
+    """
+    keys = sorted({k for e in entries for k in e})
+    per_function = {m.group(1): k for k in keys if (m := _REWARD_KEY.match(k))}
+    accuracy = {n: k for n, k in per_function.items() if n in ACCURACY_REWARDS}
+    panels: list[tuple[dict[str, str], str, str, bool]] = []  # (series, title, note when none, legend)
+    if len(per_function) == 1:  # one reward: its curve is the total reward's (up to its weight)
+        (name,) = per_function
+        kind = "accuracy: " if name in accuracy else ""
+        panels.append(({name: per_function[name]}, f"reward ({kind}{name})", "not logged", False))
+    else:
+        panels.append((per_function, "reward per function", "no per-function reward logged", True))
+        panels.append(({"reward": "reward"}, "total reward", "not logged", False))
+        panels.append((accuracy, "accuracy", f"no accuracy reward ({', '.join(ACCURACY_REWARDS)})", True))
+    panels.append(({"mean": "completions/mean_length"}, "completion length (tokens)", "not logged", False))
+    panels.append(({"kl": "kl"}, "KL to the reference", "not logged (beta = 0)", False))
+    panels.append(({"entropy": "entropy"}, "entropy", "not logged", False))
+    return panels
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,6 +13,7 @@ import io
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,19 @@ from .errors import VLMGRPOError, run_cli
 from .sample_log import SAMPLE_FILE, SAMPLES_DIR
 
 DEFAULT_OUTPUT = "samples.html"
-MAX_IMAGE_SIDE = 256
+IMAGE_SIDE = 384
+"""Long side of every inline image, in pixels: larger ones are shrunk, small ones enlarged (nearest pixel)."""
+SOLUTION_COLOR = (0, 160, 0)
+BOX_COLORS = ((220, 30, 30), (30, 90, 230), (230, 140, 0), (150, 40, 200), (0, 170, 170), (200, 0, 120))
+"""Colours of the predicted boxes of completions 0, 1, 2, ... (cycled); the solution box is green."""
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
 h2 { border-bottom: 2px solid #888; margin-top: 2em; }
 .group { border: 1px solid #ccc; border-radius: 6px; padding: 0.8em; margin: 1em 0; }
 pre { white-space: pre-wrap; word-break: break-word; margin: 0; font-size: 0.9em; }
 .prompt { background: #f4f4f4; padding: 0.5em; }
-img { margin: 0.3em; border: 1px solid #aaa; vertical-align: top; }
+img { margin: 0.3em; border: 1px solid #aaa; vertical-align: top; image-rendering: pixelated; }
+.swatch { display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.3em; border: 1px solid #444; }
 .note { display: inline-block; margin: 0.3em; padding: 0.3em; color: #a00; border: 1px dashed #a00; }
 table { border-collapse: collapse; margin-top: 0.5em; }
 td, th { border: 1px solid #ccc; padding: 0.3em 0.5em; vertical-align: top; text-align: left; }
@@ -76,33 +82,66 @@ def read_samples(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def image_data_uri(path: str | Path, max_side: int = MAX_IMAGE_SIDE) -> str:
-    """The image at `path` as a PNG data URI, shrunk so that its long side is at most `max_side` pixels.
+def image_data_uri(
+    path: str | Path, side: int = IMAGE_SIDE, boxes: Sequence[tuple[Sequence[float], tuple]] = ()
+) -> str:
+    """The image at `path` as a PNG data URI, scaled so that its long side is `side` pixels, boxes drawn on it.
 
     Args:
         path (`str | Path`): image file.
-        max_side (`int`, defaults to 256): longest side in pixels after resizing (smaller images are kept).
+        side (`int`, defaults to 384): long side in pixels after scaling (small images are enlarged pixel by pixel,
+            so that a 56-pixel image stays readable).
+        boxes (`Sequence[tuple[box, colour]]`, defaults to none): boxes `[x1, y1, x2, y2]` in pixels of the
+            original image, each drawn as a rectangle of its RGB colour.
 
     Raises:
         OSError: the file is missing or not an image PIL can read (`PIL.UnidentifiedImageError`).
     """
-    from PIL import Image
+    from PIL import Image, ImageDraw
 
     with Image.open(path) as image:
-        image.thumbnail((max_side, max_side))
-        if image.mode not in ("RGB", "RGBA", "L", "LA"):
-            image = image.convert("RGBA" if "A" in image.getbands() else "RGB")
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
+        scale = side / max(image.size)
+        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+        resample = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS
+        shown = image.convert("RGBA" if "A" in image.getbands() else "RGB").resize(size, resample)
+    draw = ImageDraw.Draw(shown)
+    for box, colour in boxes:
+        x1, y1, x2, y2 = (v * scale for v in box)
+        draw.rectangle([min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2)], outline=colour, width=3)
+    buffer = io.BytesIO()
+    shown.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _image_html(path: str, run_dir: Path, cache: dict[str, str]) -> str:
-    """An inline `<img>` for one image path, or a visible note when it has no file or cannot be read."""
+def record_boxes(record: dict[str, Any]) -> tuple[list[float] | None, list[list[float] | None]]:
+    """`(solution box, predicted box per completion)` of a grounding record; `(None, [])` for other records.
+
+    A record is a grounding one when its solution is a box `[x1, y1, x2, y2]` (a list, or text holding one, as the
+    `iou` reward reads it); each completion's box is the one `iou` scores (None when it wrote none).
+    """
+    from .rewards.text import answer_or_text, find_box, strip_answer_tag
+
+    solution = strip_answer_tag(record.get("solution"))
+    if isinstance(solution, str):
+        solution = find_box(solution)
+    numbers = isinstance(solution, list) and len(solution) == 4
+    if not numbers or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in solution):
+        return None, []
+    predicted = []
+    for completion in record["completions"]:
+        answer = answer_or_text(str(completion))
+        predicted.append(find_box(answer) if answer is not None else None)
+    return [float(v) for v in solution], predicted
+
+
+def _image_html(path: str, run_dir: Path, cache: dict[str, str], boxes: Sequence = ()) -> str:
+    """An inline `<img>` for one image path (with `boxes` drawn), or a visible note when it cannot be read."""
     from PIL import Image
 
     if not path:
         return '<span class="note">embedded image (no file saved)</span>'
+    if boxes:  # drawn for this group only
+        cache = {}
     if path not in cache:
         candidates = [Path(path)] + ([run_dir / path] if not Path(path).is_absolute() else [])
         found = next((c for c in candidates if c.is_file()), None)
@@ -113,10 +152,15 @@ def _image_html(path: str, run_dir: Path, cache: dict[str, str]) -> str:
             cache[path] = f'<span class="note">missing: {name}</span>'
         else:
             try:
-                cache[path] = f'<img src="{image_data_uri(found)}" alt="{name}">'
+                cache[path] = f'<img src="{image_data_uri(found, boxes=boxes)}" alt="{name}">'
             except (OSError, ValueError, Image.DecompressionBombError) as error:
                 cache[path] = f'<span class="note">unreadable: {name} ({html.escape(str(error))})</span>'
     return cache[path]
+
+
+def _swatch(colour: tuple[int, int, int]) -> str:
+    """A small square of `colour`: the key from a drawn box to its row."""
+    return f'<span class="swatch" style="background: rgb{tuple(colour)}"></span>'
 
 
 def _number(value: Any) -> str:
@@ -131,11 +175,18 @@ def _group_html(record: dict[str, Any], run_dir: Path, cache: dict[str, str]) ->
     advantages = record.get("advantages") or []
     parts = ['<div class="group">', f'<pre class="prompt">{html.escape(str(record.get("prompt", "")))}</pre>']
     images = record.get("images") or []
+    solution_box, predicted = record_boxes(record) if len(images) == 1 else (None, [])
+    colours = [BOX_COLORS[i % len(BOX_COLORS)] for i in range(len(predicted))]
+    boxes = [(solution_box, SOLUTION_COLOR)] if solution_box else []
+    boxes += [(box, colour) for box, colour in zip(predicted, colours, strict=True) if box is not None]
     if images:
-        parts.append("<div>" + "".join(_image_html(str(p or ""), run_dir, cache) for p in images) + "</div>")
+        parts.append(
+            "<div>" + "".join(_image_html(str(p or ""), run_dir, cache, boxes) for p in images) + "</div>"
+        )
     solution = record.get("solution")
     solution_text = "&ndash;" if solution is None else html.escape(str(solution))
-    parts.append(f"<p><b>solution:</b> {solution_text}</p>")
+    key = f"{_swatch(SOLUTION_COLOR)}" if solution_box else ""
+    parts.append(f"<p><b>solution:</b> {key}{solution_text}</p>")
     header = "".join(f"<th>{html.escape(str(name))}</th>" for name in rewards)
     parts.append(f"<table><tr><th>#</th><th>completion</th>{header}<th>advantage</th></tr>")
     for i, completion in enumerate(record["completions"]):
@@ -144,8 +195,9 @@ def _group_html(record: dict[str, Any], run_dir: Path, cache: dict[str, str]) ->
             for values in (v if isinstance(v, list) else [] for v in rewards.values())
         )
         advantage = _number(advantages[i] if i < len(advantages) else None)
+        swatch = _swatch(colours[i]) if i < len(predicted) and predicted[i] is not None else ""
         parts.append(
-            f"<tr><td>{i}</td><td><pre>{html.escape(str(completion))}</pre></td>{cells}"
+            f"<tr><td>{swatch}{i}</td><td><pre>{html.escape(str(completion))}</pre></td>{cells}"
             f'<td class="num">{advantage}</td></tr>'
         )
     parts.append("</table></div>")

@@ -54,6 +54,7 @@ from .checkpoints import checkpoint_write_error, mark_complete
 from .config import VLMGRPOConfig, sharing_mode
 from .errors import VLMGRPOError
 from .image_features import ImageFeatureCache
+from .lm_head import cast_lm_head_to_fp32, keep_embedding_dtype
 from .models import EncodedPrompt, ModelFamily, get_model_family
 from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
 from .rewards.guard import RewardError, guard_reward
@@ -138,7 +139,8 @@ class VLMGRPOTrainer(GRPOTrainer):
             RewardError
         ] = []  # filled by the guarded rewards, see `_calculate_rewards`
         reward_funcs = self._reward_functions(reward_funcs, args, self._reward_failures)
-        with self._trl_view_of(args, builds_reference, placeholders):
+        embedding_dtype = model.get_input_embeddings().weight.dtype
+        with self._trl_view_of(args, builds_reference, placeholders, model) as hidden_tie:
             super().__init__(
                 model=model,
                 reward_funcs=reward_funcs,
@@ -151,6 +153,8 @@ class VLMGRPOTrainer(GRPOTrainer):
                 optimizers=optimizers,
                 peft_config=peft_config,
             )
+        if hidden_tie:
+            keep_embedding_dtype(model, embedding_dtype)
         self.beta = args.beta
         self.family: ModelFamily = family
         self.placeholder_token_ids = placeholders
@@ -293,15 +297,25 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     @staticmethod
     @contextmanager
-    def _trl_view_of(args: VLMGRPOConfig, builds_reference: bool, placeholders: list[int]) -> Iterator[None]:
+    def _trl_view_of(
+        args: VLMGRPOConfig,
+        builds_reference: bool,
+        placeholders: list[int],
+        model: PreTrainedModel | None = None,
+    ) -> Iterator[bool]:
         """What `GRPOTrainer.__init__` must see of `args`, restored afterwards.
 
         TRL must not rebuild a reference model from `config._name_or_path` (it fails for a model that exists only
         in memory, and loads another class than the VLM's): we build it after. The policy is already loaded, so
         `model_init_kwargs` must not be applied again. With vLLM, the placeholder tokens get a logit bias that keeps
-        them from being sampled, merged into the user's `generation_kwargs`.
+        them from being sampled, merged into the user's `generation_kwargs`. With `cast_lm_head_to_fp32` and tied
+        embeddings, TRL must not see the tie (it looks for the embedding where a text-only model keeps it, see
+        `lm_head`): yields whether the tie was hidden, so that the trainer keeps the embedding's dtype itself.
         """
         saved = args.beta, args.sync_ref_model, args.model_init_kwargs, args.generation_kwargs
+        hide_tie = model is not None and args.cast_lm_head_to_fp32 and model.config.tie_word_embeddings
+        if hide_tie:
+            model.config.tie_word_embeddings = False
         if builds_reference:
             args.beta, args.sync_ref_model = 0.0, False
         args.model_init_kwargs = None
@@ -310,9 +324,11 @@ class VLMGRPOTrainer(GRPOTrainer):
             bias = {int(i): _VLLM_NEVER for i in placeholders}
             args.generation_kwargs = {**user, "logit_bias": {**bias, **(user.get("logit_bias") or {})}}
         try:
-            yield
+            yield hide_tie
         finally:
             args.beta, args.sync_ref_model, args.model_init_kwargs, args.generation_kwargs = saved
+            if hide_tie:
+                model.config.tie_word_embeddings = True
 
     def _check_dataset_size(self, dataset: Any) -> None:
         """A dataset must fill at least one generation batch, or no training step can run."""
@@ -349,6 +365,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         ref_model.requires_grad_(False)
         if self.args.disable_dropout:
             disable_dropout_in_model(ref_model)
+        if self.args.cast_lm_head_to_fp32:  # as TRL casts its own reference model
+            cast_lm_head_to_fp32(ref_model)
         add_fused_lm_head(
             ref_model, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32
         )

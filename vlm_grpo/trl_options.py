@@ -55,7 +55,9 @@ GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
     "trust_remote_code": Honoured("tests/test_bad_input.py::test_remote_code_model_needs_explicit_opt_in"),
     "router_aux_loss_coef": Honoured("tests/test_trl_parity.py::test_aux_loss_pass_runs_full_rows"),
     "disable_dropout": _parity("disable_dropout"),
-    "cast_lm_head_to_fp32": _parity("cast_lm_head_to_fp32"),
+    "cast_lm_head_to_fp32": Honoured(
+        "tests/test_trl_parity.py::test_cast_lm_head_to_fp32_with_tied_embeddings"
+    ),
     # batches and generation
     "num_generations": _parity("default"),
     "num_generations_eval": Honoured("tests/test_trl_parity.py::test_evaluation_uses_num_generations_eval"),
