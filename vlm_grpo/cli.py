@@ -14,6 +14,7 @@ import sys
 from importlib import import_module
 
 from .errors import EXIT_USER_ERROR, run_cli
+from .notices import quiet_third_party
 
 COMMANDS = {
     "train": ("vlm_grpo.train", "train with GRPO from a YAML config"),
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         print(f"vlm-grpo: error: unknown command {command!r}\n{usage()}", file=sys.stderr)
         raise SystemExit(EXIT_USER_ERROR)
+    quiet_third_party()
     run_cli(command, import_module(COMMANDS[command][0]).main, rest)
 
 

@@ -1,55 +1,18 @@
-"""What `vlm-grpo train` prints: one compact line per logging step, no third-party notices, a closing summary.
+"""What `vlm-grpo train` prints: one compact line per logging step and a closing summary.
 
-Only the command line is made quiet. A script that builds `VLMGRPOTrainer` itself keeps transformers' printed metric
-dicts and every library warning. Either way the full metrics go to every `report_to` backend and to
+Only the command line is made quiet (see also `vlm_grpo.notices`). A script that builds `VLMGRPOTrainer` itself keeps
+transformers' printed metric dicts. Either way the full metrics go to every `report_to` backend and to
 `trainer_state.json`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-# Notices the user cannot act on: deprecations inside the libraries' own calls, and settings that the trainer
-# makes on purpose (gradient checkpointing turns the cache off during training).
-_WARNINGS = (
-    r"`(is_)?gradient_checkpointing",  # TRL and transformers call the v5-deprecated names themselves
-    r"`use_transformers_paged",
-)
-_LOG_MESSAGES = (
-    "`use_cache=True` is incompatible with gradient checkpointing",
-    "Setting accelerator to CPU",  # DeepSpeed on a machine without GPU: nothing to do about it
-    "Failed to load CPU gemm_4bit_forward from kernels-community",
-)
-
-
-class _Drop(logging.Filter):
-    """Drops log records whose message starts with one of `_LOG_MESSAGES`."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(notice in message for notice in _LOG_MESSAGES)
-
-
-def quiet_third_party() -> None:
-    """Silence the known notices of transformers, DeepSpeed and bitsandbytes that a user cannot act on."""
-    from transformers.utils import logging as hf_logging
-
-    for pattern in _WARNINGS:
-        warnings.filterwarnings("ignore", message=pattern, category=FutureWarning)
-    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars at every load and save
-    drop = _Drop()
-    for name in ("transformers", "DeepSpeed", "bitsandbytes.backends.cpu.ops"):
-        logger = logging.getLogger(name)
-        logger.addFilter(drop)
-        for handler in logger.handlers:
-            handler.addFilter(drop)
 
 
 def compact_line(logs: dict[str, Any], step: int, max_steps: int) -> str | None:

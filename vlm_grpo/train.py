@@ -383,7 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     start = time.perf_counter()
     args = parse_args(argv)
-    from .console import closing_summary, quiet_third_party
+    from .console import closing_summary
+    from .notices import quiet_third_party
     from .preemption import EXIT_PREEMPTED, preempted_step
 
     quiet_third_party()

@@ -188,7 +188,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._active_inputs: dict[str, Any] | None = None  # the micro-batch `_compute_loss` is training on
         self._timer, self._step_seconds, self._step_tokens = PhaseTimer(), 0.0, 0
         samples = (
-            f"{samples_path(self.args.output_dir, 0).parent}/ (every {self.args.log_samples_steps} steps)"
+            f"{samples_path(self.args.output_dir, 0).parent}/ (written every {self.args.log_samples_steps} step(s))"
             if self.args.log_samples_steps
             else "the logs (set log_samples_steps to write them to output_dir/samples)"
         )
