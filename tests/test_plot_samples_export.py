@@ -126,7 +126,8 @@ def test_write_read_and_render_samples(tmp_path):
     assert page.index("step 2") < page.index("step 10")
     assert "0.7071" in page and "-0.7071" in page
     head = page[: page.index("<body>")]
-    assert f"<title>Samples of {tmp_path.name}</title>" in head and str(tmp_path.parent) not in head
+    title = f"Samples of {tmp_path.parent.name}/{tmp_path.name}"  # the run, never a machine path
+    assert f"<title>{title}</title>" in head and str(tmp_path.parent.parent) not in head
 
 
 def test_inline_images_have_a_readable_size(tmp_path):
@@ -248,6 +249,9 @@ def test_near_constant_series_are_drawn_flat():
     assert high - low >= 0.05 * 0.5 and low < 0.5001 and high > 0.5003
     low, high = y_limits(0.1, 0.9)  # a real change keeps its own scale, with a margin
     assert low < 0.1 and high > 0.9 and high - low < 1.0
+    low, high = y_limits(1e-4, 5e-4)  # so does a small one (a KL)
+    assert low < 1e-4 and high > 5e-4 and high - low < 1e-3
+    assert y_limits(0.0, 0.0) == (-0.55, 0.55)
 
 
 def test_grounding_samples_draw_the_solution_and_each_predicted_box(tmp_path):

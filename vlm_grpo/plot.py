@@ -147,8 +147,9 @@ def _draw(
 
 def y_limits(low: float, high: float) -> tuple[float, float]:
     """y-range of a panel whose values lie in `[low, high]`: a margin around them, at least `MIN_RELATIVE_SPAN` of
-    the largest |value| wide (and 1e-3 around zero), so that a near-constant series is drawn flat."""
-    span = max(high - low, MIN_RELATIVE_SPAN * max(abs(low), abs(high)), 1e-3)
+    the largest |value| wide (1 when every value is 0), so that a near-constant series is drawn flat."""
+    largest = max(abs(low), abs(high))
+    span = max(high - low, MIN_RELATIVE_SPAN * largest) or 1.0
     middle = (low + high) / 2
     return middle - 0.55 * span, middle + 0.55 * span
 

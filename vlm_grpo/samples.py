@@ -24,7 +24,7 @@ DEFAULT_OUTPUT = "samples.html"
 IMAGE_SIDE = 384
 """Long side of every inline image, in pixels: larger ones are shrunk, small ones enlarged (nearest pixel)."""
 SOLUTION_COLOR = (0, 160, 0)
-BOX_COLORS = ((220, 30, 30), (30, 90, 230), (230, 140, 0), (150, 40, 200), (0, 170, 170), (200, 0, 120))
+BOX_COLORS = ((30, 90, 230), (230, 140, 0), (150, 40, 200), (0, 170, 170), (200, 0, 120), (120, 80, 30))
 """Colours of the predicted boxes of completions 0, 1, 2, ... (cycled); the solution box is green."""
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
@@ -224,7 +224,14 @@ def render_html(run_dir: str | Path, output: str | Path | None = None) -> Path:
             f"no samples in {run_dir / SAMPLES_DIR} (expected step_*.jsonl files); the trainer writes them "
             "while training, so train with sample logging on first."
         )
-    title = f"Samples of {run_dir.resolve().name}"  # the run's name, not a machine path
+    folder = (
+        run_dir.resolve()
+    )  # the run, by its folder and the one above (demos save to .../model); no machine path
+    title = (
+        f"Samples of {folder.parent.name}/{folder.name}"
+        if folder.parent.name
+        else f"Samples of {folder.name}"
+    )
     body = [f"<h1>{html.escape(title)}</h1>"]
     cache: dict[str, str] = {}
     step = object()
