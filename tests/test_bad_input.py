@@ -74,12 +74,12 @@ def test_yaml_syntax_error_names_the_file(tmp_path, capsys):
 
 
 def test_a_genuine_bug_keeps_its_traceback(tiny_model, tmp_path, data, monkeypatch):
-    import vlm_grpo.train
+    import vlm_grpo.data
 
     def broken_loader(*args, **kwargs):
         raise TypeError("a bug inside vlm_grpo")
 
-    monkeypatch.setattr(vlm_grpo.train, "load_data_config", broken_loader)
+    monkeypatch.setattr(vlm_grpo.data, "load_data_config", broken_loader)
     with pytest.raises(TypeError, match="a bug inside vlm_grpo"):  # not turned into a one-line SystemExit
         cli_main(["train", str(write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data))])
 

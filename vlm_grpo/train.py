@@ -191,6 +191,59 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOC
         SystemExit: no arguments (the usage is printed; status 1 under `vlm-grpo`).
         VLMGRPOError: any of the errors above, or no `data_config` / `model_name_or_path`.
     """
+    early = read_early(argv)
+    parser = build_parser()
+    options = _cache(parser)
+    _check_inputs(early, options)
+    try:
+        script_args, training_args, model_args = parser.parse_args_and_config(args=early.argv)
+    except VLMGRPOError:
+        raise
+    except ValueError as error:  # TRL's and transformers' validation of the options' values
+        raise VLMGRPOError(f"{early.config_path or 'command line'}: {one_line(error)}") from error
+    if script_args.data_config is None:
+        raise VLMGRPOError(
+            "data_config is required: set `data_config: path/to/data.yaml` in the training YAML."
+        )
+    if model_args.model_name_or_path is None:
+        raise VLMGRPOError(
+            "model_name_or_path is required: set it in the training YAML or pass --model_name_or_path."
+        )
+    return script_args, training_args, model_args
+
+
+@dataclass
+class Early:
+    """A command line as read before any heavy import: the YAML, the flags after it, and lookups in both.
+
+    Attributes:
+        argv (`list[str]`): the arguments, with `--config` before the YAML path.
+        config_path (`str | None`): the training YAML.
+        config (`dict`): its contents.
+        rest (`list[str]`): the flags.
+    """
+
+    argv: list[str]
+    config_path: str | None
+    config: dict[str, Any]
+    rest: list[str]
+
+    def value(self, key: str, default: Any = None) -> Any:
+        """The option's value as the parser will see it: its flag, else the YAML, else `default`."""
+        flag = f"--{key}"
+        if flag in self.rest[:-1]:
+            return self.rest[self.rest.index(flag) + 1]
+        return self.config.get(key, default)
+
+
+def read_early(argv: list[str] | None) -> Early:
+    """Read the YAML and flags, print the help or the usage, and run every check the option cache allows.
+
+    Raises:
+        SystemExit: `--help` (status 0), `--help-all` (status 0) or no arguments (the usage; status 1).
+        VLMGRPOError: a missing or malformed YAML; with the option cache, an unknown key or flag, a bad reward or a
+            missing data config too.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help-all" in argv:
         build_parser().parse_args(["--help"])
@@ -207,28 +260,25 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOC
         argv = ["--config", argv[0], *argv[1:]]
     config_path = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
     rest = [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
-    config = read_config(config_path) if config_path is not None else {}
+    early = Early(argv, config_path, read_config(config_path) if config_path is not None else {}, rest)
     options = read_options()
     if options is not None:  # every check that needs no heavy import, within a second
-        _check_inputs(config, config_path, rest, options)
-    parser = build_parser()
-    options = _cache(parser)
-    _check_inputs(config, config_path, rest, options)
-    try:
-        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-    except VLMGRPOError:
-        raise
-    except ValueError as error:  # TRL's and transformers' validation of the options' values
-        raise VLMGRPOError(f"{config_path or 'command line'}: {one_line(error)}") from error
-    if script_args.data_config is None:
-        raise VLMGRPOError(
-            "data_config is required: set `data_config: path/to/data.yaml` in the training YAML."
-        )
-    if model_args.model_name_or_path is None:
-        raise VLMGRPOError(
-            "model_name_or_path is required: set it in the training YAML or pass --model_name_or_path."
-        )
-    return script_args, training_args, model_args
+        _check_inputs(early, options)
+    return early
+
+
+def read_datasets(early: Early) -> tuple[tuple, Any, Any]:
+    """`(key, train, eval)`: the data configs read and checked (records, images) before the heavy imports.
+
+    The seed (which samples the records) is the one the options give, or TrainingArguments' default of 42; `key`
+    lets `build_trainer` use these datasets only if the parsed options agree.
+    """
+    from .data import load_data_config
+
+    seed = int(early.value("seed", 42))
+    paths = early.value("data_config"), early.value("eval_data_config")
+    train, evaluation = (None if path is None else load_data_config(str(path), seed=seed) for path in paths)
+    return (*paths, seed), train, evaluation
 
 
 def _cache(parser: TrlParser) -> dict[str, Any]:
@@ -238,21 +288,21 @@ def _cache(parser: TrlParser) -> dict[str, Any]:
     return options
 
 
-def _check_inputs(config: dict[str, Any], config_path: str | None, rest: list[str], options: dict) -> None:
+def _check_inputs(early: Early, options: dict) -> None:
     """Unknown flags and keys, reward names and entries, and the data configs' existence, named in one line."""
-    check_flags(rest, options["flags"])
+    check_flags(early.rest, options["flags"])
+    config, config_path = early.config, early.config_path
     if config_path is not None:
         check_config_keys(config, config_path, options["names"])
-        if "rewards" in config and "--rewards" not in rest:
+        if "rewards" in config and "--rewards" not in early.rest:
             try:
                 build_rewards(config["rewards"])  # reward names and entry keys, before TRL's checks
             except VLMGRPOError as error:
                 raise VLMGRPOError(f"{config_path}: rewards: {error}") from error
     for key in ("data_config", "eval_data_config"):
-        flag = f"--{key}"
-        path = rest[rest.index(flag) + 1] if flag in rest[:-1] else config.get(key)
+        path = early.value(key)
         if path is not None and not Path(str(path)).is_file():
-            where = f"{config_path}: {key}" if config_path and flag not in rest else flag
+            where = f"{config_path}: {key}" if config_path and f"--{key}" not in early.rest else f"--{key}"
             raise VLMGRPOError(
                 f"{where}: data config {path} not found (paths are relative to the working directory "
                 f"{Path.cwd()}); fix the path."
@@ -291,11 +341,12 @@ def run(
     training_args: VLMGRPOConfig,
     model_args: VLMModelConfig,
     compact_console: bool = False,
+    datasets: tuple[tuple, Any, Any] | None = None,
 ) -> VLMGRPOTrainer:
     """Train with parsed arguments and save the model (or adapter) and processor to `output_dir`.
 
     With `compact_console` (the command line), each logging step prints one line instead of the metrics dict (see
-    `vlm_grpo.console`).
+    `vlm_grpo.console`). `datasets` are passed on to `build_trainer`.
 
     SIGTERM and SIGUSR1 are handled while this runs (the previous handlers are restored after): the run finishes
     its optimizer step, writes a complete checkpoint and returns without saving a final model;
@@ -309,7 +360,7 @@ def run(
     init_deepspeed_comm(training_args)
     preemption = PreemptionCallback()
     with preemption.handle_signals():
-        trainer = build_trainer(script_args, training_args, model_args, callbacks=[preemption])
+        trainer = build_trainer(script_args, training_args, model_args, [preemption], datasets)
         if compact_console:
             use_compact_console(trainer)
         checkpoint = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
@@ -331,17 +382,25 @@ def build_trainer(
     training_args: VLMGRPOConfig,
     model_args: VLMModelConfig,
     callbacks: list | None = None,
+    datasets: tuple[tuple, Any, Any] | None = None,
 ) -> VLMGRPOTrainer:
-    """Load the data and rewards and build the trainer (the model is loaded here)."""
+    """Load the data and rewards and build the trainer (the model is loaded here).
+
+    `datasets` are those `read_datasets` read already; used when the parsed options name the same files and seed.
+    """
     from trl import get_peft_config
 
     from .data import load_data_config
     from .trainer import VLMGRPOTrainer
 
-    train_dataset = load_data_config(script_args.data_config, seed=training_args.seed)
-    eval_dataset = None
-    if script_args.eval_data_config:
-        eval_dataset = load_data_config(script_args.eval_data_config, seed=training_args.seed)
+    key = (script_args.data_config, script_args.eval_data_config, training_args.seed)
+    if datasets is not None and datasets[0] == key:
+        train_dataset, eval_dataset = datasets[1], datasets[2]
+    else:
+        train_dataset = load_data_config(script_args.data_config, seed=training_args.seed)
+        eval_dataset = None
+        if script_args.eval_data_config:
+            eval_dataset = load_data_config(script_args.eval_data_config, seed=training_args.seed)
     reward_funcs, weights = build_rewards(script_args.rewards)
     training_args.reward_weights = weights
     training_args.model_init_kwargs = {
@@ -382,13 +441,14 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo train`."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     start = time.perf_counter()
+    datasets = read_datasets(read_early(argv))  # bad input is named before the heavy libraries load
     args = parse_args(argv)
     from .console import closing_summary
     from .notices import quiet_third_party
     from .preemption import EXIT_PREEMPTED, preempted_step
 
     quiet_third_party()
-    trainer = run(*args, compact_console=True)
+    trainer = run(*args, compact_console=True, datasets=datasets)
     step = preempted_step(trainer.callback_handler.callbacks)
     output_dir = trainer.args.output_dir
     finish_processes()
