@@ -275,6 +275,15 @@ def read_datasets(early: Early) -> tuple[tuple, Any, Any]:
     """
     from .data import load_data_config
 
+    for key in ("data_config", "eval_data_config"):
+        path = early.value(key)
+        if path is not None and not Path(str(path)).is_file():
+            named = early.config_path and f"--{key}" not in early.rest
+            where = f"{early.config_path}: {key}" if named else f"--{key}"
+            raise VLMGRPOError(
+                f"{where}: data config {path} not found (paths are relative to the working directory "
+                f"{Path.cwd()}); fix the path."
+            )
     seed = int(early.value("seed", 42))
     paths = early.value("data_config"), early.value("eval_data_config")
     train, evaluation = (None if path is None else load_data_config(str(path), seed=seed) for path in paths)
@@ -289,7 +298,7 @@ def _cache(parser: TrlParser) -> dict[str, Any]:
 
 
 def _check_inputs(early: Early, options: dict) -> None:
-    """Unknown flags and keys, reward names and entries, and the data configs' existence, named in one line."""
+    """Unknown flags and keys, and reward names and entries, named in one line."""
     check_flags(early.rest, options["flags"])
     config, config_path = early.config, early.config_path
     if config_path is not None:
@@ -299,14 +308,6 @@ def _check_inputs(early: Early, options: dict) -> None:
                 build_rewards(config["rewards"])  # reward names and entry keys, before TRL's checks
             except VLMGRPOError as error:
                 raise VLMGRPOError(f"{config_path}: rewards: {error}") from error
-    for key in ("data_config", "eval_data_config"):
-        path = early.value(key)
-        if path is not None and not Path(str(path)).is_file():
-            where = f"{config_path}: {key}" if config_path and f"--{key}" not in early.rest else f"--{key}"
-            raise VLMGRPOError(
-                f"{where}: data config {path} not found (paths are relative to the working directory "
-                f"{Path.cwd()}); fix the path."
-            )
 
 
 def init_deepspeed_comm(training_args: VLMGRPOConfig) -> None:
