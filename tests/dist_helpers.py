@@ -388,3 +388,11 @@ def wait_for(
                 proc.wait()
             raise AssertionError(f"never saw {what} (rc={proc.poll()})\n" + log_path.read_text()[-3000:])
         time.sleep(0.02)
+
+
+def even_ids_agree(completions, id=None, **kwargs) -> list[float]:
+    """Dynamic sampling's test reward: every completion of an even-`id` record gets 1.0 (a group with no spread,
+    to be dropped), an odd one `probe_reward`'s varying value. With `shuffle_dataset: false` and one group per
+    rank, rank 0 first sees even records and rank 1 odd ones."""
+    varying = probe_reward(completions, id=id, **kwargs)
+    return [1.0 if record_id % 2 == 0 else value for record_id, value in zip(id, varying, strict=True)]

@@ -45,6 +45,12 @@ class VLMGRPOConfig(GRPOConfig):
             signal (every group's rewards with zero spread, or every reward 0); 0 turns the warning off.
         no_signal_warning_every (`int`, defaults to 50): while it lasts, repeat the warning every this many
             rollouts.
+        dynamic_sampling (`bool`, defaults to False): drop the groups whose rewards have zero spread (they teach
+            nothing) and sample fresh prompts until the generation batch holds its number of informative groups, as
+            DAPO does (see `vlm_grpo.dynamic_sampling`).
+        dynamic_sampling_max_rounds (`int`, defaults to 3): most extra generation rounds per generation batch.
+        dynamic_sampling_at_cap (`str`, defaults to `"fill"`): at the cap, `"fill"` completes the batch with dropped
+            groups (DAPO's reference); `"keep"` trains on the informative groups alone, a smaller batch.
     """
 
     freeze_vision_modules: bool = field(
@@ -80,6 +86,17 @@ class VLMGRPOConfig(GRPOConfig):
         default=50,
         metadata={"help": "Repeat the no-learning-signal warning every N rollouts while it lasts."},
     )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={"help": "Replace groups whose rewards all agree by groups of fresh prompts (DAPO)."},
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=3, metadata={"help": "Most extra generation rounds per generation batch (dynamic sampling)."}
+    )
+    dynamic_sampling_at_cap: str = field(
+        default="fill",
+        metadata={"help": "At the cap: fill (complete with dropped groups) or keep (train on fewer groups)."},
+    )
 
     def __post_init__(self):
         self.resolve_bf16()
@@ -107,6 +124,7 @@ class VLMGRPOConfig(GRPOConfig):
             )
         if self.log_samples_steps < 0:
             raise VLMGRPOError(f"log_samples_steps must be >= 0, got {self.log_samples_steps}.")
+        self._check_dynamic_sampling()
         if self.no_signal_warning_steps < 0 or self.no_signal_warning_every < 1:
             raise VLMGRPOError(
                 "no_signal_warning_steps must be >= 0 and no_signal_warning_every >= 1, got "
@@ -122,6 +140,25 @@ class VLMGRPOConfig(GRPOConfig):
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             raise VLMGRPOError(
                 f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})."
+            )
+
+    def _check_dynamic_sampling(self) -> None:
+        """Dynamic sampling's options, and whole groups on every process (it keeps or drops groups)."""
+        if self.dynamic_sampling_at_cap not in ("fill", "keep"):
+            raise VLMGRPOError(
+                f"dynamic_sampling_at_cap must be fill or keep, got {self.dynamic_sampling_at_cap!r}."
+            )
+        if self.dynamic_sampling_max_rounds < 0:
+            raise VLMGRPOError(
+                f"dynamic_sampling_max_rounds must be >= 0, got {self.dynamic_sampling_max_rounds}."
+            )
+        local = self.per_device_train_batch_size * self.steps_per_generation
+        if self.dynamic_sampling and local % self.num_generations:
+            raise VLMGRPOError(
+                f"dynamic_sampling keeps or drops whole groups, so each process's generation batch "
+                f"(per_device_train_batch_size {self.per_device_train_batch_size} x steps_per_generation "
+                f"{self.steps_per_generation} = {local}) must be a multiple of num_generations "
+                f"{self.num_generations}; change one of them."
             )
 
     def resolve_bf16(self) -> None:

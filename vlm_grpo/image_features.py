@@ -45,6 +45,11 @@ class ImageFeatureCache:
         """Forget every stored output (a new generation batch starts)."""
         self._outputs.clear()
 
+    def keep(self, image_inputs: Sequence[dict[str, torch.Tensor]]) -> None:
+        """Forget the outputs of every row but these (dynamic sampling dropped the others' groups)."""
+        kept = {id(row) for row in image_inputs}
+        self._outputs = {key: value for key, value in self._outputs.items() if key in kept}
+
     @contextmanager
     def reuse(
         self, model: torch.nn.Module, image_inputs: Sequence[dict[str, torch.Tensor]]

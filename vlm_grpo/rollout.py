@@ -7,7 +7,8 @@ payload (`vlm_grpo.vllm_payload`) share them, so that each rule exists once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
@@ -15,6 +16,9 @@ from transformers.image_utils import load_image
 from trl.trainer.utils import pad
 
 from .errors import VLMGRPOError
+
+if TYPE_CHECKING:
+    from .models import EncodedPrompt
 
 
 def row_images(row: dict[str, Any]) -> list[Any]:
@@ -114,3 +118,42 @@ def is_truncated(
 ) -> bool:
     """Whether a completion stopped at the length limit: it does not end on an eos (or pad) token, as in TRL."""
     return not completion_ids or completion_ids[-1] not in (*eos_token_ids, pad_token_id)
+
+
+@dataclass
+class Sampled:
+    """What one generation round sampled, per local row (G consecutive rows per prompt).
+
+    Attributes:
+        inputs (`list[dict]`): the dataset rows.
+        encoded (`list[EncodedPrompt]`): their encoded prompts; the rows of one group share one object.
+        completion_ids (`list[list[int]]`): each row's completion, cut after its first eos.
+        sampling_logps (`list[list[float]] | None`): with vLLM, the sampled tokens' log-probs.
+        completions (`list[list[dict]]`): the decoded completions, conversational.
+        shared_generation (`bool`): whether sampling prefilled each group's prompt once.
+    """
+
+    inputs: list[dict[str, Any]]
+    encoded: list[EncodedPrompt]
+    completion_ids: list[list[int]]
+    sampling_logps: list[list[float]] | None
+    completions: list[list[dict[str, Any]]]
+    shared_generation: bool
+
+    def select(self, rows: Sequence[int]) -> Sampled:
+        """These rows, in this order."""
+        logps = None if self.sampling_logps is None else [self.sampling_logps[i] for i in rows]
+        return Sampled(
+            [self.inputs[i] for i in rows], [self.encoded[i] for i in rows], [self.completion_ids[i] for i in rows],
+            logps, [self.completions[i] for i in rows], self.shared_generation,
+        )  # fmt: skip
+
+    @staticmethod
+    def concat(parts: Sequence[Sampled]) -> Sampled:
+        """The rows of `parts`, one after the other (the first part's `shared_generation`)."""
+        logps = None if parts[0].sampling_logps is None else [x for p in parts for x in p.sampling_logps]
+        return Sampled(
+            [x for p in parts for x in p.inputs], [x for p in parts for x in p.encoded],
+            [x for p in parts for x in p.completion_ids], logps, [x for p in parts for x in p.completions],
+            parts[0].shared_generation,
+        )  # fmt: skip

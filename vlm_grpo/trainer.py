@@ -22,7 +22,7 @@ import copy
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -52,13 +52,15 @@ from .adapters import resolve_lora_config
 from .advantages import group_advantages
 from .checkpoints import checkpoint_write_error, mark_complete
 from .config import VLMGRPOConfig, sharing_mode
+from .dynamic_sampling import DynamicSampling, PromptStream, Round, group_rows, unused
+from .dynamic_sampling import metrics as dynamic_metrics
 from .errors import VLMGRPOError
 from .image_features import ImageFeatureCache
 from .lm_head import cast_lm_head_to_fp32, keep_embedding_dtype
 from .models import EncodedPrompt, ModelFamily, get_model_family
 from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
 from .rewards.guard import RewardError, guard_reward
-from .rollout import image_names, is_truncated, load_rows, pad_rows, row_images, same_prompt
+from .rollout import Sampled, image_names, is_truncated, load_rows, pad_rows, row_images, same_prompt
 from .sample_log import samples_path, write_samples
 from .shared_prefix import (
     FULL_ROWS,
@@ -220,6 +222,13 @@ class VLMGRPOTrainer(GRPOTrainer):
         )
         if self._sharing.describe():
             logger.info(self._sharing.describe())
+        self._dynamic = self._prompt_stream = None
+        if self.args.dynamic_sampling:
+            self._dynamic = DynamicSampling(
+                self.num_generations, self.args.dynamic_sampling_max_rounds, self.args.dynamic_sampling_at_cap,
+                self.args.steps_per_generation, self.reward_weights,
+            )  # fmt: skip
+            self._prompt_stream = PromptStream(len(self.train_dataset), seed=self.args.seed + 1)
 
     def _merged_generation_config(self) -> GenerationConfig:
         """The config `generate` runs with: TRL's, where unset filled from the model's own, as `generate` merges them."""
@@ -333,6 +342,11 @@ class VLMGRPOTrainer(GRPOTrainer):
     def _check_dataset_size(self, dataset: Any) -> None:
         """A dataset must fill at least one generation batch, or no training step can run."""
         if not isinstance(dataset, Sized):
+            if self.args.dynamic_sampling:
+                raise VLMGRPOError(
+                    "dynamic_sampling draws fresh prompts by index, which a dataset without a length (an "
+                    "IterableDataset) cannot give; load the data as a Dataset or set dynamic_sampling: false."
+                )
             return
         needed = (
             self.args.generation_batch_size // self.num_generations
@@ -412,30 +426,34 @@ class VLMGRPOTrainer(GRPOTrainer):
         """Encode, sample, score and compute advantages for one generation batch (rows repeat each prompt G times)."""
         mode = "train" if self.model.training else "eval"
         timer = self._timer if mode == "train" else PhaseTimer()
-        rows = load_rows(inputs)
         if self._image_features is not None and mode == "train":
             self._image_features.clear()  # the previous generation batch's features are not needed any more
-        with timer("gen"):
-            encoded = self._encode_prompts(rows)
-            shared_generation = self._sharing.shares_generation(
-                *self._shape(encoded, self.max_completion_length)
-            )
-            completion_ids_list, sampling_logps_list = self._sample(rows, encoded, mode, shared_generation)
-        prompt_ids_list = [e.input_ids for e in encoded]
-        completions = self.family.decode_completions(
-            self.processing_class, completion_ids_list, prompt_ids_list
+        sampled = self._sample_rows(inputs, mode, timer)
+        local_rewards = (
+            None  # scored with the rollout (dynamic sampling), else after the log-prob passes, as TRL
         )
+        dropped = None
+        if mode == "train" and self.args.dynamic_sampling:
+            sampled, local_rewards, dropped = self._sample_dynamically(sampled, timer)
+        inputs, encoded, completions = sampled.inputs, sampled.encoded, sampled.completions
+        completion_ids_list = sampled.completion_ids
+        prompt_ids_list = [e.input_ids for e in encoded]
         self._log_lengths(mode, prompt_ids_list, completion_ids_list)
-        batch = self._pad_batch(encoded, completion_ids_list, sampling_logps_list)
+        batch = self._pad_batch(encoded, completion_ids_list, sampled.sampling_logps)
         width = batch["completion_ids"].size(1)
-        batch["sharing"] = self._sharing.plan(*self._shape(encoded, width), generation=shared_generation)
+        batch["sharing"] = self._sharing.plan(
+            *self._shape(encoded, width), generation=sampled.shared_generation
+        )
         self._old_and_reference_logps(batch, mode, timer)
 
         prompts = self._reward_prompts(inputs)
-        with timer("reward"):
-            rewards_per_func = self._calculate_rewards(
-                inputs, prompts, completions, completion_ids_list
-            )  # [N, F]
+        if local_rewards is None:
+            with timer("reward"):
+                rewards_per_func = self._calculate_rewards(
+                    inputs, prompts, completions, completion_ids_list
+                )  # [N, F]
+        else:
+            rewards_per_func = self.accelerator.gather(local_rewards)  # [N, F], processes in order as TRL
         with timer("adv"):
             num_generations = self.num_generations if mode == "train" else self.num_generations_eval
             advantages, rewards, is_std_zero = group_advantages(
@@ -453,9 +471,70 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._log_rollout(mode, inputs, prompts, completions, rewards_per_func, advantages)
         if mode == "train":
             texts = [c[0]["content"] for c in completions]
-            self._write_samples(inputs, texts, rewards_per_func, advantages, num_generations)
+            self._write_samples(inputs, texts, rewards_per_func, advantages, num_generations, dropped)
             self._watch_signal(rewards, is_std_zero)
         return batch
+
+    def _sample_rows(self, inputs: list[dict[str, Any]], mode: str, timer: PhaseTimer) -> Sampled:
+        """Encode each distinct prompt once, sample one completion per row, decode."""
+        rows = load_rows(inputs)
+        with timer("gen"):
+            encoded = self._encode_prompts(rows)
+            shared_generation = self._sharing.shares_generation(
+                *self._shape(encoded, self.max_completion_length)
+            )
+            completion_ids_list, sampling_logps_list = self._sample(rows, encoded, mode, shared_generation)
+        completions = self.family.decode_completions(
+            self.processing_class, completion_ids_list, [e.input_ids for e in encoded]
+        )
+        return Sampled(
+            inputs, encoded, completion_ids_list, sampling_logps_list, completions, shared_generation
+        )
+
+    def _sample_dynamically(
+        self, sampled: Sampled, timer: PhaseTimer
+    ) -> tuple[Sampled, torch.Tensor, tuple[Sampled, torch.Tensor]]:
+        """Replace the groups whose rewards have zero spread by groups of fresh prompts (see `dynamic_sampling`).
+
+        Returns this process's rows to train on and their rewards `[n, F]`, and the rows dropped with theirs.
+        """
+        process, num_generations = self.accelerator.process_index, self.num_generations
+
+        def score(part: Sampled) -> Round:
+            with timer("reward"):
+                rewards = self._calculate_rewards(
+                    part.inputs, self._reward_prompts(part.inputs), part.completions, part.completion_ids
+                )  # [N, F], every process
+            n = len(part.inputs)
+            return Round(part.inputs, part, rewards[process * n : (process + 1) * n])
+
+        def fresh(groups: int) -> Round:
+            indices = self._prompt_stream.take(groups * self.accelerator.num_processes)
+            mine = indices[process * groups : (process + 1) * groups]
+            rows = [self.train_dataset[i] for i in mine for _ in range(num_generations)]
+            return score(self._sample_rows(rows, "train", timer))
+
+        def agree(value: float, reduce: Callable[[torch.Tensor], torch.Tensor]) -> float:
+            gathered = self.accelerator.gather(torch.tensor([value], device=self.accelerator.device))
+            return reduce(gathered).item()
+
+        collected = self._dynamic.collect(
+            score(sampled), fresh, lambda n: int(agree(n, torch.min)), lambda n: int(agree(n, torch.max))
+        )
+        needed = len(sampled.inputs) // num_generations
+        runs = group_rows(
+            self._dynamic.chosen(collected, needed, lambda n: int(agree(n, torch.min))), num_generations
+        )
+        for name, value in dynamic_metrics(collected, lambda v: agree(float(v), torch.sum)).items():
+            self._metrics["train"][name].append(value)
+        chosen = Sampled.concat([part.sampled.select(rows) for part, rows in runs])
+        if self._image_features is not None:  # features of the dropped groups' images are not kept
+            self._image_features.keep([e.image_inputs for e in chosen.encoded])
+        rewards = torch.cat([part.rewards[rows] for part, rows in runs])  # [n, F]
+        dropped = group_rows(unused(collected, runs, num_generations), num_generations)
+        parts = [part.sampled.select(rows) for part, rows in dropped] or [sampled.select([])]
+        dropped_rewards = [part.rewards[rows] for part, rows in dropped] or [rewards[:0]]
+        return chosen, rewards, (Sampled.concat(parts), torch.cat(dropped_rewards))
 
     def _watch_signal(self, rewards: torch.Tensor, is_std_zero: torch.Tensor) -> None:
         """Warn (main process) when rollouts in a row had no learning signal (see `signal_watch`)."""
@@ -837,7 +916,15 @@ class VLMGRPOTrainer(GRPOTrainer):
             raise VLMGRPOError(failures[0])
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
+            if self._prompt_stream is not None:  # where dynamic sampling's fresh prompts resume
+                self._prompt_stream.save(folder)
             mark_complete(folder)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """Restore the random states as transformers does, and dynamic sampling's prompt stream."""
+        super()._load_rng_state(checkpoint)
+        if checkpoint is not None and self._prompt_stream is not None:
+            self._prompt_stream.load(checkpoint)
 
     # ------------------------------------------------------------------------------------------ metrics
     def _log_lengths(
@@ -909,23 +996,48 @@ class VLMGRPOTrainer(GRPOTrainer):
         ):  # the same on every process
             self._logs["images"].extend(gather_object([row_images(x) or None for x in inputs]))
 
-    def _write_samples(self, inputs, texts, rewards_per_func, advantages, num_generations) -> None:
-        """Every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (main process)."""
+    def _write_samples(
+        self, inputs, texts, rewards_per_func, advantages, num_generations, dropped=None
+    ) -> None:
+        """Every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (main process).
+
+        With dynamic sampling, `dropped` holds this process's dropped rows and their rewards `[m, F]`: they are
+        written too, marked `"dropped": true`.
+        """
         every = self.args.log_samples_steps
         if not every or self.state.global_step % every != 0:
             return
         keep = ("prompt", "image_paths", "solution", "id")
-        rows = gather_object(
-            [
-                {k: x[k] for k in keep if k in x} | {"image_paths": x.get("image_paths") or image_names(x)}
-                for x in inputs
-            ]
-        )
-        all_texts = gather_object(texts)
+
+        def gathered_rows(part: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return gather_object(
+                [
+                    {k: x[k] for k in keep if k in x}
+                    | {"image_paths": x.get("image_paths") or image_names(x)}
+                    for x in part
+                ]
+            )
+
+        def rewards_by_name(values: torch.Tensor) -> dict[str, list[float]]:
+            return {name: values[:, i].tolist() for i, name in enumerate(self.reward_func_names)}
+
+        rows, all_texts = gathered_rows(inputs), gather_object(texts)
+        extra = []
+        if dropped is not None:
+            part, local = dropped
+            dropped_rows = gathered_rows(part.inputs)
+            dropped_texts = gather_object([c[0]["content"] for c in part.completions])
+            dropped_rewards = torch.tensor(gather_object(local.tolist())).view(
+                -1, len(self.reward_func_names)
+            )
+            nan = [float("nan")] * len(dropped_rows)
+            extra = sample_records(self.state.global_step, dropped_rows, dropped_texts,
+                                   rewards_by_name(dropped_rewards), nan, num_generations)  # fmt: skip
         if not self.accelerator.is_main_process:
             return
-        rewards = {name: rewards_per_func[:, i].tolist() for i, name in enumerate(self.reward_func_names)}
         records = sample_records(
-            self.state.global_step, rows, all_texts, rewards, advantages.tolist(), num_generations
-        )
+            self.state.global_step, rows, all_texts, rewards_by_name(rewards_per_func), advantages.tolist(),
+            num_generations,
+        )  # fmt: skip
+        records += [{**record, "dropped": True} for record in extra]
         write_samples(samples_path(self.args.output_dir, self.state.global_step), records)
