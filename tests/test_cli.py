@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import write_color_data
 from transformers.utils import is_torch_bf16_gpu_available
@@ -141,3 +142,13 @@ def test_demo_smoke_run(tmp_path):
         assert set(report) == {"accuracy", "n", "rewards"} and report["n"] == 64
     assert result["after"]["accuracy"] == json.loads((tmp_path / "eval_after.json").read_text())["accuracy"]
     assert (tmp_path / "model" / "model.safetensors").exists()
+    again = run_demo(str(tmp_path / "again"), max_steps=2)  # the same seed: the same scores, the same weights
+    for stage in ("before", "after"):
+        assert again[stage]["accuracy"] == result[stage]["accuracy"]
+        assert again[stage]["rewards"] == result[stage]["rewards"]
+    from safetensors.torch import load_file
+
+    a, b = (
+        load_file(str(folder / "model" / "model.safetensors")) for folder in (tmp_path, tmp_path / "again")
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)

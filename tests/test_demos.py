@@ -47,15 +47,29 @@ def _check_run(
     assert Path(result["curves"]).is_file() and Path(result["samples"]).is_file()
 
 
+def _same_run(first: Path, run, **kwargs) -> None:
+    """Run the task again from the same seed into another folder: the same held-out reports, bit for bit the same
+    trained weights (the demos are deterministic on a CPU for a given seed)."""
+    again = first.parent / f"{first.name}-again"
+    run(str(again), **kwargs)
+    for stage in ("start", "warm", "after"):
+        reports = [json.loads((folder / f"eval_{stage}.json").read_text()) for folder in (first, again)]
+        assert [{k: v for k, v in r.items() if k != "seconds"} for r in reports][0] == {
+            k: v for k, v in reports[1].items() if k != "seconds"
+        }, stage
+    assert not _changed(first / "model", again / "model")
+
+
 def _image_hashes(data_dir: Path, split: str) -> set[str]:
     records = json.loads((data_dir / f"{split}.json").read_text())
     return {hashlib.sha256((data_dir / r["image"]).read_bytes()).hexdigest() for r in records}
 
 
 def test_grounding_demo_runs_and_scores_boxes(tmp_path):
-    result = grounding.run_grounding(
-        str(tmp_path), max_steps=2, warm_epochs=1, data_sizes=SMALL, logging_steps=1, log_samples_steps=1
-    )
+    small = dict(max_steps=2, warm_epochs=1, data_sizes=SMALL, logging_steps=1, log_samples_steps=1)
+    result = grounding.run_grounding(str(tmp_path / "run"), **small)
+    _same_run(tmp_path / "run", grounding.run_grounding, **small)
+    tmp_path = tmp_path / "run"
     _check_run(tmp_path, result, list(grounding.REWARDS), list(grounding.REWARDS), SMALL["n_eval"])
     assert not _image_hashes(tmp_path / "data", "eval") & _image_hashes(tmp_path / "data", "train")
 
@@ -89,24 +103,27 @@ def test_brand_demo_lists_every_option_and_runs(tmp_path):
         brand.draw_logo(tile, mark, shape, rng).resize((8, 8)).tobytes() for _, tile, mark, shape in table
     }
     assert len({(tile, mark) for _, tile, mark, _ in table}) == len(table) and len(logos) == len(table)
-    result = brand.run_brand(
-        str(tmp_path), max_steps=2, warm_epochs=1, data_sizes=SMALL, logging_steps=1, log_samples_steps=1
-    )
+    small = dict(max_steps=2, warm_epochs=1, data_sizes=SMALL, logging_steps=1, log_samples_steps=1)
+    result = brand.run_brand(str(tmp_path / "run"), **small)
+    _same_run(tmp_path / "run", brand.run_brand, **small)
+    tmp_path = tmp_path / "run"
     _check_run(tmp_path, result, list(brand.REWARDS), list(brand.REWARDS), SMALL["n_eval"], options=names)
     prompt = json.loads((tmp_path / "data" / "train.json").read_text())[0]["problem"]
     assert all(f"\n{i + 1}. {name}\n" in prompt for i, name in enumerate(names))
 
 
 def test_math_demo_runs_and_grades_boxed_answers(tmp_path):
-    result = segments.run_segments(
-        str(tmp_path),
+    small = dict(
         max_steps=2,
         warm_epochs=1,
         data_sizes=SMALL,
         logging_steps=1,
         log_samples_steps=1,
-        per_device_train_batch_size=64,  # 8 prompts a step: SMALL has 16
-    )
+        per_device_train_batch_size=64,
+    )  # fmt: skip  (8 prompts a step: SMALL has 16)
+    result = segments.run_segments(str(tmp_path / "run"), **small)
+    _same_run(tmp_path / "run", segments.run_segments, **small)
+    tmp_path = tmp_path / "run"
     _check_run(tmp_path, result, list(segments.REWARDS), ["geo3k"], SMALL["n_eval"])
     geo3k = build_rewards(["geo3k"])[0][0]
     assert geo3k(completions=[segments.boxed(7), segments.boxed(6), "7"], solution=["7", "7", "7"]) == [
@@ -123,7 +140,11 @@ def test_demo_command_picks_the_task(tmp_path, capsys, monkeypatch):
         TASKS, "math", (lambda out, **kw: calls.append((out, kw)) or {"after": {"accuracy": 0.5}}, "x")
     )
     main(["--task", "math", "--output_dir", str(tmp_path), "--max_steps", "3"])
-    assert calls == [(str(tmp_path), {"seed": 0, "max_steps": 3})]
+    main(["--task", "math", "--output_dir", str(tmp_path), "--dynamic_sampling"])
+    assert calls == [
+        (str(tmp_path), {"seed": 0, "max_steps": 3}),
+        (str(tmp_path), {"seed": 0, "dynamic_sampling": True}),
+    ]
     assert "math: held-out accuracy after GRPO 0.500" in capsys.readouterr().out
     line = summary(
         "brand", {"start": {"accuracy": 0.0}, "warm": {"accuracy": 0.1}, "after": {"accuracy": 0.9}}, 12.3

@@ -67,11 +67,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output_dir", default=None, help="default: runs/demo (colour), runs/demo-TASK")
     parser.add_argument("--max_steps", type=int, default=None, help="GRPO steps; default: the task's own")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dynamic_sampling", action="store_true", help="replace groups whose rewards all agree (DAPO)"
+    )
     args = parser.parse_args(argv)
     func, default_dir = TASKS[args.task]
     kwargs: dict[str, Any] = {"seed": args.seed}
     if args.max_steps is not None:
         kwargs["max_steps"] = args.max_steps
+    if args.dynamic_sampling:
+        kwargs["dynamic_sampling"] = True
     start = time.perf_counter()
     result = func(args.output_dir or default_dir, **kwargs)
     print(summary(args.task, result, time.perf_counter() - start))
