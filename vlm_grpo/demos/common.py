@@ -188,7 +188,7 @@ def train_grpo(
     script_args = ScriptArguments(data_config=str(train_yaml), rewards=list(rewards))
     model_args = VLMModelConfig(model_name_or_path=str(model_dir), dtype="float32")
     start = time.perf_counter()
-    run(script_args, training_args, model_args)
+    run(script_args, training_args, model_args, compact_console=True)
     seconds = time.perf_counter() - start
     print(f"GRPO: {training_args.max_steps} steps in {seconds:.0f} s", flush=True)
     return seconds
