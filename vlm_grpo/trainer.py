@@ -514,18 +514,16 @@ class VLMGRPOTrainer(GRPOTrainer):
             rows = [self.train_dataset[i] for i in mine for _ in range(num_generations)]
             return score(self._sample_rows(rows, "train", timer))
 
-        def agree(value: float, reduce: Callable[[torch.Tensor], torch.Tensor]) -> float:
-            gathered = self.accelerator.gather(torch.tensor([value], device=self.accelerator.device))
-            return reduce(gathered).item()
-
-        collected = self._dynamic.collect(
-            score(sampled), fresh, lambda n: int(agree(n, torch.min)), lambda n: int(agree(n, torch.max))
+        least, most = (
+            (lambda n: int(self._across_processes(n, torch.min))),
+            (lambda n: int(self._across_processes(n, torch.max))),
         )
+        collected = self._dynamic.collect(score(sampled), fresh, least, most)
         needed = len(sampled.inputs) // num_generations
-        runs = group_rows(
-            self._dynamic.chosen(collected, needed, lambda n: int(agree(n, torch.min))), num_generations
-        )
-        for name, value in dynamic_metrics(collected, lambda v: agree(float(v), torch.sum)).items():
+        runs = group_rows(self._dynamic.chosen(collected, needed, least), num_generations)
+        for name, value in dynamic_metrics(
+            collected, lambda v: self._across_processes(float(v), torch.sum)
+        ).items():
             self._metrics["train"][name].append(value)
         chosen = Sampled.concat([part.sampled.select(rows) for part, rows in runs])
         if self._image_features is not None:  # features of the dropped groups' images are not kept
@@ -583,12 +581,18 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     def _shape(self, encoded: list[EncodedPrompt], completion_len: int) -> tuple:
         """`(P, C, group sizes, agree)`: what `SharingPolicy` decides from; `agree` asks every process."""
-
-        def agree(local: bool) -> bool:
-            return bool(self.accelerator.gather(torch.tensor([local], device=self.accelerator.device)).all())
-
         prompt_len = max(len(e.input_ids) for e in encoded)
-        return prompt_len, completion_len, group_sizes(encoded), agree
+        return (
+            prompt_len,
+            completion_len,
+            group_sizes(encoded),
+            lambda local: bool(self._across_processes(local, torch.all)),
+        )
+
+    def _across_processes(self, value: float | bool, reduce: Callable[[torch.Tensor], torch.Tensor]) -> float:
+        """`reduce` (`torch.min`, `max`, `sum`, `all`) of a number over every process; every process must call it."""
+        gathered = self.accelerator.gather(torch.tensor([value], device=self.accelerator.device))
+        return reduce(gathered).item()
 
     def _sample(
         self, rows: list[dict[str, Any]], encoded: list[EncodedPrompt], mode: str, shared: bool

@@ -22,8 +22,16 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from ..testing import ROLE_WORDS, build_tiny_model
-from .common import evaluate_stage, finish, grpo_config, train_grpo, warm_start, words_of, write_split
+from .common import (
+    demo_model,
+    evaluate_stage,
+    finish,
+    grpo_config,
+    train_grpo,
+    warm_start,
+    words_of,
+    write_split,
+)
 
 IMAGE_SIZE = 56
 COLORS = (
@@ -151,14 +159,7 @@ def run_brand(
     """
     out = Path(output_dir)
     data = write_task(out / "data", seed=seed, **(data_sizes or {}))
-    model_dir = build_tiny_model(
-        "qwen2_vl",
-        out / "model-init",
-        seed=seed,
-        base_words=ROLE_WORDS,
-        words=data["vocabulary"],
-        image_size=IMAGE_SIZE,
-    )
+    model_dir = demo_model(out / "model-init", data["vocabulary"], seed, image_size=IMAGE_SIZE)
     stage = dict(rewards=REWARDS, max_new_tokens=2)
     result: dict[str, Any] = {}
     result["start"] = evaluate_stage(model_dir, data["eval"], out / "eval_start.json", label="start", **stage)

@@ -1,6 +1,6 @@
 """Colour demo: name the colour of a square (four options, one word), scored by `choice_accuracy`.
 
-It builds a tiny Qwen2-VL with `build_tiny_model`, draws the task (a coloured square on grey, held-out images
+It builds a tiny Qwen2-VL (`common.demo_model`), draws the task (a coloured square on grey, held-out images
 for evaluation), evaluates the untrained model, trains with GRPO and evaluates again. The answer is one word,
 which a random model already writes now and then, so there is no warm start. Outputs in `output_dir`:
 `data/`, `model-init/`, `model/` (trained, with `training_curves.png`, `samples/` and `samples.html`),
@@ -15,8 +15,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..testing import ROLE_WORDS, build_tiny_model
-from .common import evaluate_stage, finish, grpo_config, train_grpo, write_split
+from .common import demo_model, evaluate_stage, finish, grpo_config, train_grpo, write_split
 
 COLORS = {"red": (220, 40, 40), "green": (40, 190, 40), "blue": (40, 60, 220), "yellow": (230, 210, 40)}
 QUESTION = "What color is the square ? Options : red , green , blue , yellow ."
@@ -79,9 +78,7 @@ def run_colour(output_dir: str = "runs/demo", max_steps: int = 500, seed: int = 
     out = Path(output_dir)
     train_yaml, eval_yaml = write_task(out / "data", seed=seed)
     # A small vocabulary (chat roles + the task's words) lets random sampling find the right word early on.
-    model_dir = build_tiny_model(
-        "qwen2_vl", out / "model-init", seed=seed, base_words=ROLE_WORDS, words=QUESTION.split()
-    )
+    model_dir = demo_model(out / "model-init", QUESTION.split(), seed)
     stage = dict(rewards=REWARDS, max_new_tokens=1)
     result: dict[str, Any] = {}
     result["before"] = evaluate_stage(model_dir, eval_yaml, out / "eval_before.json", label="start", **stage)

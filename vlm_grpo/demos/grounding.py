@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ..testing import ROLE_WORDS, build_tiny_model
-from .common import evaluate_stage, finish, grpo_config, train_grpo, warm_start, write_split
+from .common import demo_model, evaluate_stage, finish, grpo_config, train_grpo, warm_start, write_split
 
 IMAGE_SIZE = 112
 VIEW_SIZE = 28
@@ -134,14 +133,7 @@ def run_grounding(
     """
     out = Path(output_dir)
     data = write_task(out / "data", seed=seed, **(data_sizes or {}))
-    model_dir = build_tiny_model(
-        "qwen2_vl",
-        out / "model-init",
-        seed=seed,
-        base_words=ROLE_WORDS,
-        words=vocabulary(),
-        image_size=VIEW_SIZE,
-    )
+    model_dir = demo_model(out / "model-init", vocabulary(), seed, image_size=VIEW_SIZE)
     stage = dict(rewards=REWARDS, max_new_tokens=MAX_NEW_TOKENS)
     result: dict[str, Any] = {}
     result["start"] = evaluate_stage(model_dir, data["eval"], out / "eval_start.json", label="start", **stage)

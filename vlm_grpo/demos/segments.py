@@ -20,8 +20,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from ..testing import ROLE_WORDS, build_tiny_model
-from .common import evaluate_stage, finish, grpo_config, train_grpo, warm_start, write_split
+from .common import demo_model, evaluate_stage, finish, grpo_config, train_grpo, warm_start, write_split
 
 IMAGE_SIZE = 56
 UNIT = 14
@@ -123,14 +122,7 @@ def run_segments(
     """
     out = Path(output_dir)
     data = write_task(out / "data", seed=seed, **(data_sizes or {}))
-    model_dir = build_tiny_model(
-        "qwen2_vl",
-        out / "model-init",
-        seed=seed,
-        base_words=ROLE_WORDS,
-        words=vocabulary(),
-        image_size=IMAGE_SIZE,
-    )
+    model_dir = demo_model(out / "model-init", vocabulary(), seed, image_size=IMAGE_SIZE)
     stage = dict(rewards=REWARDS, max_new_tokens=MAX_NEW_TOKENS)
     result: dict[str, Any] = {}
     result["start"] = evaluate_stage(model_dir, data["eval"], out / "eval_start.json", label="start", **stage)

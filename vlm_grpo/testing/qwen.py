@@ -103,9 +103,6 @@ QWEN_NAMED_TOKENS = {
     "vision_end_token": "<|vision_end|>",
 }
 
-# The 2B-4B checkpoints (Qwen2-VL-2B, Qwen2.5-VL-3B, Qwen3-VL-2B/4B) share the input embeddings with the LM head.
-TIED = {"tie_word_embeddings": True}
-
 NUM_HEADS = 4
 NUM_KV_HEADS = 2
 VISION_WIDTH = 32
@@ -135,6 +132,7 @@ def build_qwen(
     hidden_size: int = 64,
     num_hidden_layers: int = 2,
     image_size: int = 56,
+    tie_word_embeddings: bool = True,
 ) -> str:
     """Build and save a tiny ``qwen2_vl``, ``qwen2_5_vl`` or ``qwen3_vl`` model with its processor.
 
@@ -149,6 +147,8 @@ def build_qwen(
         image_size (`int`, *optional*, defaults to 56): images are resized to at most about
             ``image_size**2`` pixels (rounded to a multiple of ``patch_size * 2``), so a square image of this
             size gives 4 visual tokens at the defaults (patch 14 for Qwen2/2.5, 16 for Qwen3, where 56 -> 64).
+        tie_word_embeddings (`bool`, *optional*, defaults to `True`): share the input embeddings with the LM head, as
+            the 2B-4B checkpoints do; False as the 7B ones.
 
     Returns:
         `str`: ``str(out_dir)``.
@@ -232,7 +232,12 @@ def build_qwen(
         text_config.update(bos_token_id=pad_id, eos_token_id=eos_id)
         # Qwen2-VL's patch merger projects straight to `vision_config.hidden_size`, the text width.
         vision_config.update(embed_dim=VISION_WIDTH, hidden_size=hidden_size, mlp_ratio=2)
-        config = Qwen2VLConfig(text_config=text_config, vision_config=vision_config, **token_ids, **TIED)
+        config = Qwen2VLConfig(
+            text_config=text_config,
+            vision_config=vision_config,
+            **token_ids,
+            tie_word_embeddings=tie_word_embeddings,
+        )
         model_cls: type = Qwen2VLForConditionalGeneration
     elif family == "qwen2_5_vl":
         text_config.update(bos_token_id=pad_id, eos_token_id=eos_id)
@@ -245,7 +250,12 @@ def build_qwen(
             window_size=112,
             tokens_per_second=2,
         )
-        config = Qwen2_5_VLConfig(text_config=text_config, vision_config=vision_config, **token_ids, **TIED)
+        config = Qwen2_5_VLConfig(
+            text_config=text_config,
+            vision_config=vision_config,
+            **token_ids,
+            tie_word_embeddings=tie_word_embeddings,
+        )
         model_cls = Qwen2_5_VLForConditionalGeneration
     else:
         text_config.update(head_dim=head_dim)
@@ -258,7 +268,12 @@ def build_qwen(
             # deepstack: features of the early vision blocks are added to the first text layers
             deepstack_visual_indexes=list(range(max(1, num_hidden_layers - 1))),
         )
-        config = Qwen3VLConfig(text_config=text_config, vision_config=vision_config, **token_ids, **TIED)
+        config = Qwen3VLConfig(
+            text_config=text_config,
+            vision_config=vision_config,
+            **token_ids,
+            tie_word_embeddings=tie_word_embeddings,
+        )
         model_cls = Qwen3VLForConditionalGeneration
 
     with seeded(seed):
