@@ -284,3 +284,10 @@ def test_grounding_samples_draw_the_solution_and_each_predicted_box(tmp_path):
             255,
         )  # nothing drawn elsewhere
     assert page.count('class="swatch"') == 3  # the solution and the two completions that wrote a box
+
+
+def test_samples_page_of_the_last_steps_only(tmp_path):
+    for step in (1, 2, 3):
+        write_samples(samples_path(tmp_path, step), [_record(step, [])])
+    page = render_html(tmp_path, tmp_path / "last.html", last=2).read_text()
+    assert "step1 answer" not in page and "step2 answer" in page and "step3 answer" in page

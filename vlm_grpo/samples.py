@@ -204,12 +204,13 @@ def _group_html(record: dict[str, Any], run_dir: Path, cache: dict[str, str]) ->
     return "\n".join(parts)
 
 
-def render_html(run_dir: str | Path, output: str | Path | None = None) -> Path:
+def render_html(run_dir: str | Path, output: str | Path | None = None, last: int | None = None) -> Path:
     """Write a static, self-contained HTML page of a run's samples (images embedded as data URIs).
 
     Args:
         run_dir (`str | Path`): the run's `output_dir`.
         output (`str | Path | None`, defaults to None): the page to write; None means `RUN_DIR/samples.html`.
+        last (`int | None`, defaults to None): only the last `last` logged steps; None means every step.
 
     Returns:
         `Path`: the page written.
@@ -219,6 +220,11 @@ def render_html(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """
     run_dir = Path(run_dir)
     records = read_samples(run_dir)
+    if last is not None:
+        steps = (
+            sorted({r.get("step") for r in records}, key=lambda s: (s is None, s))[-last:] if last > 0 else []
+        )
+        records = [r for r in records if r.get("step") in steps]
     if not records:
         raise VLMGRPOError(
             f"no samples in {run_dir / SAMPLES_DIR} (expected step_*.jsonl files); the trainer writes them "
@@ -259,8 +265,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--output", default=None, help=f"HTML page to write (default RUN_DIR/{DEFAULT_OUTPUT})"
     )
+    parser.add_argument(
+        "--last", type=int, default=None, help="only the last N logged steps (a smaller page)"
+    )
     args = parser.parse_args(argv)
-    output = render_html(args.run_dir, args.output)
+    output = render_html(args.run_dir, args.output, last=args.last)
     print(output)
 
 
