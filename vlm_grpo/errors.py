@@ -7,8 +7,9 @@ and keeps its traceback. Usage errors of a command line (argparse's own) exit wi
 
 from __future__ import annotations
 
+import difflib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 EXIT_USER_ERROR = 1
 """The exit status of every command on bad input: a `VLMGRPOError` or a command-line usage error."""
@@ -23,6 +24,12 @@ class VLMGRPOError(ValueError):
     Commands print it as one line and exit with status 1; any other exception is a bug and keeps its traceback.
     It subclasses `ValueError` so that code catching TRL's validation errors catches ours too.
     """
+
+
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """` (did you mean 'X'?)` for the valid name closest to `name`, or "" when none is near."""
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def one_line(error: BaseException) -> str:

@@ -18,7 +18,6 @@ see `vlm_grpo.preemption`).
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import sys
 import time
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from .checkpoints import checkpoint_step, resolve_resume
-from .errors import EXIT_USER_ERROR, VLMGRPOError, one_line, run_cli
+from .errors import EXIT_USER_ERROR, VLMGRPOError, did_you_mean, one_line, run_cli
 from .option_cache import read_options, short_help, write_options
 from .rewards import build_rewards
 
@@ -123,12 +122,6 @@ def _group_first(parser: argparse.ArgumentParser, title: str, dests: list[str]) 
         group._group_actions.append(action)
 
 
-def _closest(name: str, valid: Iterable[str]) -> str:
-    """` (did you mean 'X'?)` for the closest valid name, or "" when none is near."""
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def read_config(path: str) -> dict[str, Any]:
     """Read a training YAML; a missing file, a syntax error or a non-mapping is a `VLMGRPOError` naming it."""
     if not Path(path).is_file():
@@ -163,7 +156,7 @@ def check_config_keys(config: dict[str, Any], path: str, names: Iterable[str]) -
     valid = set(names) | set(CONFIG_FILE_KEYS)
     unknown = [str(key) for key in config if key not in valid]
     if unknown:
-        named = ", ".join(f"{key!r}{_closest(key, valid)}" for key in unknown)
+        named = ", ".join(f"{key!r}{did_you_mean(key, valid)}" for key in unknown)
         raise VLMGRPOError(
             f"{path}: unknown key{'s' if len(unknown) > 1 else ''} {named}; fix or remove "
             f"{'them' if len(unknown) > 1 else 'it'} (`vlm-grpo train --help-all` lists every option)."
@@ -177,7 +170,7 @@ def check_flags(argv: list[str], flags: Iterable[str]) -> None:
         flag = token.split("=", 1)[0]
         if flag.startswith("--") and flag not in valid:
             raise VLMGRPOError(
-                f"unknown option {flag}{_closest(flag, valid)}; `vlm-grpo train --help-all` lists every option."
+                f"unknown option {flag}{did_you_mean(flag, valid)}; `vlm-grpo train --help-all` lists every option."
             )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import math
@@ -10,7 +9,7 @@ import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..errors import VLMGRPOError
+from ..errors import VLMGRPOError, did_you_mean
 from .accuracy import accuracy
 from .choice import choice_accuracy
 from .formatting import format_reward
@@ -137,10 +136,8 @@ def _make_reward(name: Any, options: Mapping[str, Any], spec_keys: tuple[str, ..
         _check_options(name, REWARDS[name], options, spec_keys, any_keyword=False)
         return NamedReward(REWARDS[name], name, options)
     if "." not in name:
-        close = difflib.get_close_matches(name, list(REWARDS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise VLMGRPOError(
-            f"Unknown reward {name!r}{hint}. Built-in rewards: {_builtins()}; "
+            f"Unknown reward {name!r}{did_you_mean(name, REWARDS)}. Built-in rewards: {_builtins()}; "
             "or give a dotted path 'package.module.function' to your own reward."
         )
     func, func_name = _import_reward(name)
@@ -182,10 +179,8 @@ def _check_options(
     for key in options:
         if key not in named:
             valid = [*spec_keys, *named]
-            close = difflib.get_close_matches(str(key), valid, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise VLMGRPOError(
-                f"reward {name!r}: unknown key {key!r}{hint}; valid keys: {', '.join(valid) or 'none'}."
+                f"reward {name!r}: unknown key {key!r}{did_you_mean(str(key), valid)}; valid keys: {', '.join(valid) or 'none'}."
             )
 
 
