@@ -26,7 +26,7 @@ def test_benchmark_smoke_alternates_processes_and_prints_ratios():
         median, generate, tokens, peak = (float(rows[name][k]) for k in (0, 3, 4, 6))
         assert median > 0 and peak > 0
         assert 0 < generate < median  # the timed `generate` is part of the step
-        assert tokens == 4 * (17 + 64)  # G=4 samples of a 17-token prompt and 64 completion tokens
+        assert tokens == 4 * (20 + 64)  # G=4 samples of a 20-token prompt and 64 completion tokens
         # 4 samples x 16 patch rows (one 56x56 image), in generation and in the training pass
         assert rows[name][-1] == "128"
     ratio = float(re.search(r"^ratio short_prompt: ([0-9.]+)$", out, re.M)[1])
