@@ -23,7 +23,9 @@ def test_sharing_benchmark_smoke_prints_both_modes_and_auto_decision():
     assert [(int(r[0]), int(r[2])) for r in rows] == [(2, 64), (4, 64)]  # GRID[0] and GRID[3]: G, C
     for G, P, C, saved, auto, full_s, shared_s, full_mib, shared_mib, ratio in rows:
         G, P, C = int(G), int(P), int(C)
-        assert P == 20  # 4 image tokens of a 56x56 image and the question, in the chat template (3 newline tokens)
+        assert (
+            P == 20
+        )  # 4 image tokens of a 56x56 image and the question, in the chat template (3 newline tokens)
         assert abs(float(saved) - (G - 1) * (P - 1) / (G * (P + C))) < 1e-3
         assert auto == ("share" if sharing_pays(P, C, [G]) else "full")
         assert float(full_s) > 0 and float(shared_s) > 0 and float(full_mib) > 0 and float(shared_mib) > 0

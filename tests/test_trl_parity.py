@@ -179,6 +179,21 @@ def train_rollouts(trainer_cls, config_cls, path, processor, placeholders, tmp_p
     return trainer, seen
 
 
+def stock_and_ours(path: str, tmp_path, options: dict) -> tuple[tuple, tuple]:
+    """`(trainer, completions)` of stock TRL and of ours (`share_prompt_prefix: false`), trained on the model at `path`
+    with the family's processor and `options` (see `train_rollouts`)."""
+    family = get_model_family(path)
+    processor = family.load_processor(path)
+    config = AutoModelForImageTextToText.from_pretrained(path).config
+    placeholders = family.placeholder_token_ids(processor, config)
+    stock = train_rollouts(GRPOTrainer, GRPOConfig, path, processor, placeholders, tmp_path, options)
+    ours = train_rollouts(
+        VLMGRPOTrainer, VLMGRPOConfig, path, processor, placeholders, tmp_path,
+        {**options, "share_prompt_prefix": False},
+    )  # fmt: skip
+    return stock, ours
+
+
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("family", ROLLOUT_FAMILIES)
 def test_three_rollouts_match_trl(family, schedule, tiny_model, tmp_path):
@@ -187,24 +202,12 @@ def test_three_rollouts_match_trl(family, schedule, tiny_model, tmp_path):
     `share_prompt_prefix: false` runs the passes TRL runs, so everything must agree to rounding, from the first
     sampled token of the first rollout to the last weight, whatever the micro-batch split.
     """
-    path = tiny_model(family)
-    fam = get_model_family(path)
-    processor = fam.load_processor(path)
-    placeholders = fam.placeholder_token_ids(
-        processor, AutoModelForImageTextToText.from_pretrained(path).config
-    )
     spg, iterations = SCHEDULES[schedule]
     options = dict(
         steps_per_generation=spg, num_iterations=iterations, max_steps=3 * spg * iterations,
         eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4,
     )  # fmt: skip
-    stock, stock_seen = train_rollouts(
-        GRPOTrainer, GRPOConfig, path, processor, placeholders, tmp_path, options
-    )
-    ours, our_seen = train_rollouts(
-        VLMGRPOTrainer, VLMGRPOConfig, path, processor, placeholders, tmp_path,
-        {**options, "share_prompt_prefix": False},
-    )  # fmt: skip
+    (stock, stock_seen), (ours, our_seen) = stock_and_ours(tiny_model(family), tmp_path, options)
     assert our_seen == stock_seen  # every completion of every rollout, training and evaluation
     # 3 rollouts, and an evaluation after each of the 3 * spg * iterations steps: 4 prompts x 2 in batches of 4
     assert len(stock_seen) == 3 + 2 * (3 * spg * iterations)
@@ -267,20 +270,9 @@ def test_evaluation_ends_completions_on_the_training_eos_ids(family, tiny_model,
 
 
 def test_cast_lm_head_to_fp32_as_trl_on_an_untied_model(tiny_model, tmp_path):
-    path = tiny_model("internvl")  # InternVL's language model keeps its own LM head
-    fam = get_model_family(path)
-    processor = fam.load_processor(path)
-    placeholders = fam.placeholder_token_ids(
-        processor, AutoModelForImageTextToText.from_pretrained(path).config
-    )
     options = dict(max_steps=2, beta=0.04, cast_lm_head_to_fp32=True)
-    stock, stock_seen = train_rollouts(
-        GRPOTrainer, GRPOConfig, path, processor, placeholders, tmp_path, options
-    )
-    ours, our_seen = train_rollouts(
-        VLMGRPOTrainer, VLMGRPOConfig, path, processor, placeholders, tmp_path,
-        {**options, "share_prompt_prefix": False},
-    )  # fmt: skip
+    path = tiny_model("internvl")  # InternVL's language model keeps its own LM head
+    (stock, stock_seen), (ours, our_seen) = stock_and_ours(path, tmp_path, options)
     assert our_seen == stock_seen
     stock_params = dict(stock.model.named_parameters())
     for name, param in ours.model.named_parameters():
