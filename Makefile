@@ -7,43 +7,49 @@ FLOOR_VENV ?= .venv-floor
 FLOOR_BIN = $(FLOOR_VENV)/bin
 FLOOR_CONSTRAINTS = ci/floor-constraints.txt
 
-# The floor venv installs from the package indexes only. A pip configuration may add a local find-links folder
-# whose torch build pip prefers over the index's (a CPU-only torch 2.13.0+cpu, say, that the index's
-# torchvision 0.28.0 cannot load against), so pip's configuration files and PIP_FIND_LINKS are left out; the
-# index URLs, certificate and trusted hosts configured for this machine are kept.
+# Every venv installs from the package indexes only. A pip configuration may add a local find-links folder whose
+# torch build pip prefers over the index's (a CPU-only torch 2.13.0+cpu, say, that the index's torchvision 0.28.0
+# cannot load against) or a constraint file that holds packages below their newest release, so pip's
+# configuration files and PIP_FIND_LINKS are left out; the index URLs, certificate and trusted hosts configured
+# for this machine are kept.
 pip_setting = $(or $($(1)),$(shell $(PYTHON) -m pip config get global.$(2) 2>/dev/null))
-FLOOR_PIP = env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null \
+index_pip = env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
 	PIP_INDEX_URL="$(or $(call pip_setting,PIP_INDEX_URL,index-url),https://pypi.org/simple)" \
 	PIP_EXTRA_INDEX_URL="$(call pip_setting,PIP_EXTRA_INDEX_URL,extra-index-url)" \
 	PIP_CERT="$(call pip_setting,PIP_CERT,cert)" \
 	PIP_TRUSTED_HOST="$(call pip_setting,PIP_TRUSTED_HOST,trusted-host)" \
-	$(FLOOR_BIN)/python -m pip
+	$(1)/python -m pip
+# the versions a test run used, printed before it starts
+VERSIONS = grep -iE '^(torch|torchvision|transformers|trl|peft|accelerate|deepspeed|bitsandbytes|datasets|vllm[a-z-]*)=='
 
 .PHONY: install install-floor test test-floor quality demo clean
 
 $(BIN)/vlm-grpo: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e ".[dev]"
+	$(call index_pip,$(BIN)) install --upgrade pip
+	$(call index_pip,$(BIN)) install -e ".[dev]"
+	$(BIN)/python -m pip check
 	touch $(BIN)/vlm-grpo
 
 install: $(BIN)/vlm-grpo
 
 $(FLOOR_BIN)/vlm-grpo: setup.cfg pyproject.toml $(FLOOR_CONSTRAINTS)
 	$(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_PIP) install --upgrade pip
-	$(FLOOR_PIP) install -c $(FLOOR_CONSTRAINTS) -e ".[dev]"
+	$(call index_pip,$(FLOOR_BIN)) install --upgrade pip
+	$(call index_pip,$(FLOOR_BIN)) install -c $(FLOOR_CONSTRAINTS) -e ".[dev]"
 	$(FLOOR_BIN)/python -m pip check
 	touch $(FLOOR_BIN)/vlm-grpo
 
 install-floor: $(FLOOR_BIN)/vlm-grpo
 
 test: install
+	$(BIN)/python -m pip freeze | $(VERSIONS)
 	$(BIN)/python -m pytest -q tests
 
 # DeepSpeed's JIT-built CPU op is cached per venv (the build command holds the venv's path), so the floor run
 # keeps its own cache instead of invalidating the one `make test` uses.
 test-floor: install-floor
+	$(FLOOR_BIN)/python -m pip freeze | $(VERSIONS)
 	TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_floor" $(FLOOR_BIN)/python -m pytest -q tests
 
 quality: install

@@ -48,8 +48,11 @@ def quiet_third_party() -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+    # a record reaches the handlers of its library's logger, and those of the root logger where the library
+    # propagates (transformers does when the environment sets CI=1)
+    root = logging.getLogger()
     for name in ("transformers", "DeepSpeed", "bitsandbytes.backends.cpu.ops"):
         logger = logging.getLogger(name)
-        for target in (logger, *logger.handlers):
+        for target in (logger, *logger.handlers, *root.handlers):
             if _DROP not in target.filters:
                 target.addFilter(_DROP)
