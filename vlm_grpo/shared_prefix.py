@@ -26,11 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import DynamicCache, GenerationConfig
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .models import ModelFamily
+
+CACHE = "cache" if Version(transformers.__version__) >= Version("5.24.0") else "past_key_values"
+"""The name of the KV-cache argument and output of models and `generate` (`past_key_values` before 5.24)."""
 
 
 @dataclass
@@ -396,10 +401,10 @@ def _prefix_cache(
         inputs["position_ids"] = positions[..., first, : prompt_ids.size(1) - 1]
     rows = groups.index.to(prompt_ids.device)
     if cache is None:
-        cache = model(**inputs, use_cache=True, logits_to_keep=1).past_key_values
+        cache = model(**inputs, use_cache=True, logits_to_keep=1)[CACHE]
         cache.batch_select_indices(rows)  # every layer [U, ...] -> [B, ...]
         return cache
-    model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(**inputs, **{CACHE: cache}, use_cache=True, logits_to_keep=1)
     return cache.read_only_rows(rows)
 
 
@@ -449,7 +454,7 @@ def shared_prefix_logps(
             positions,
             ReplayableCache(base_model.config),
         )
-        inputs = {"input_ids": suffix_ids, "attention_mask": attention_mask, "past_key_values": cache}
+        inputs = {"input_ids": suffix_ids, "attention_mask": attention_mask, CACHE: cache}
         if positions is not None:
             inputs["position_ids"] = positions[..., prompt_len - 1 :]
         outputs = model(**inputs, shift_labels=shift_labels, fused_lm_head=True)
@@ -486,5 +491,5 @@ def shared_prefix_generate(
     cache = _prefix_cache(model, base_model, family, prompt_ids, prompt_mask, image_inputs, groups, positions)
     family.prepare_generation_from_cache(base_model, prompt_ids, prompt_mask, image_inputs)
     return model.generate(
-        input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, **generate_kwargs
+        input_ids=prompt_ids, attention_mask=prompt_mask, **{CACHE: cache}, **generate_kwargs
     )

@@ -21,7 +21,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -412,7 +412,7 @@ def build_trainer(
     )
 
 
-def finish_processes() -> None:
+def finish_processes(release: Callable[[], None] | None = None) -> None:
     """Wait for every process, then destroy the process group, before the interpreter exits.
 
     A process that exits with its gloo process group alive leaves the group's C++ worker threads to be torn down
@@ -422,13 +422,21 @@ def finish_processes() -> None:
     already exiting. The barrier lets every process finish its writes and collectives first. Only called after
     training ended normally or by preemption, on every process alike (after an error, some processes may still be
     inside a collective). A no-op without a process group.
+
+    Args:
+        release (`Callable[[], None]`, *optional*): destroys the process groups that another library owns (the
+            trainer's `release_process_groups`: vLLM's, in colocate mode) after the barrier, through that library,
+            so that its own finalizer does not try to destroy them again at exit.
     """
     import torch
 
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    if release is not None:
+        release()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -445,7 +453,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer = run(*args, compact_console=True, datasets=datasets)
     step = preempted_step(trainer.callback_handler.callbacks)
     output_dir = trainer.args.output_dir
-    finish_processes()
+    finish_processes(trainer.release_process_groups)
     if step is None and trainer.accelerator.is_main_process:
         print(closing_summary(trainer, time.perf_counter() - start), flush=True)
     if step is not None:

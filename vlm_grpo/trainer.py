@@ -43,6 +43,8 @@ from trl.trainer.utils import (
     disable_dropout_in_model,
     get_callable_name,
     is_async_callable,
+    nanmax,
+    nanmin,
     nanstd,
     split_tensor_dict,
     use_adapter,
@@ -73,7 +75,8 @@ from .shared_prefix import (
 )
 from .signal_watch import SignalWatch
 from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
-from .vllm_payload import build_vllm_payload, vllm_generate_kwargs
+from .vllm_correction import importance_sampling_ratio, local_statistics
+from .vllm_payload import build_vllm_payload, check_vllm_architecture, vllm_generate_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +145,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         ] = []  # filled by the guarded rewards, see `_calculate_rewards`
         reward_funcs = self._reward_functions(reward_funcs, args, self._reward_failures)
         embedding_dtype = model.get_input_embeddings().weight.dtype
+        if args.use_vllm:
+            check_vllm_architecture(family)
         with self._trl_view_of(args, builds_reference, placeholders, model) as hidden_tie:
             super().__init__(
                 model=model,
@@ -160,6 +165,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         self.beta = args.beta
         self.family: ModelFamily = family
         self.placeholder_token_ids = placeholders
+        if self.use_vllm:
+            self._name_weights_for_vllm()
         self._check_dataset_size(train_dataset)
         self._configure_generation()
         self._init_rollout_state()
@@ -184,6 +191,30 @@ class VLMGRPOTrainer(GRPOTrainer):
         if isinstance(peft_config, LoraConfig):
             return resolve_lora_config(peft_config, model, family)
         return peft_config
+
+    def _name_weights_for_vllm(self) -> None:
+        """TRL's weight sync hands vLLM each parameter as transformers holds it; vLLM gets the family's layout."""
+        trl_weights = self.vllm_generation._iter_named_params
+
+        def vllm_weights() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in trl_weights():
+                yield from self.family.vllm_weights(name, tensor)
+
+        self.vllm_generation._iter_named_params = vllm_weights
+
+    def release_process_groups(self) -> None:
+        """Destroy the process groups vLLM set up in colocate mode, through vLLM (see `train.finish_processes`).
+
+        vLLM keeps its groups in its own state and destroys them again when it is finalized at exit; destroyed from
+        outside first, they make that finalizer print "Exception ignored ... Invalid process group specified".
+        Without vLLM in this process, a no-op.
+        """
+        if not (self.use_vllm and self.vllm_mode == "colocate"):
+            return
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
 
     def _init_rollout_state(self) -> None:
         """State of the rollout and of the per-step metrics, set once TRL's `__init__` has run."""
@@ -445,6 +476,8 @@ class VLMGRPOTrainer(GRPOTrainer):
             *self._shape(encoded, width), generation=sampled.shared_generation
         )
         self._old_and_reference_logps(batch, mode, timer)
+        if self._corrects_vllm_sampling:
+            self._vllm_importance_sampling(batch, mode)
 
         prompts = self._reward_prompts(inputs)
         if local_rewards is None:
@@ -612,7 +645,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         """Sample through TRL's vLLM backend: raw images and prompts with unexpanded image placeholders."""
         if self.state.global_step != self._last_loaded_step:
             with profiling_context(self, "sync_weights"):
-                self.vllm_generation.sync_weights()
+                self.sync_vllm_weights()
             self._last_loaded_step = self.state.global_step
         payload = build_vllm_payload(
             self.processing_class, self.family, rows, encoded, self.chat_template_kwargs
@@ -625,6 +658,16 @@ class VLMGRPOTrainer(GRPOTrainer):
         )
         sampling_logps = [[lp[0] for lp in seq] for seq in logprobs]  # the sampled token's log-prob
         return [list(ids) for ids in completion_ids], sampling_logps
+
+    def sync_vllm_weights(self) -> None:
+        """TRL's weight sync into vLLM, then (colocate) vLLM's encoder cache is emptied.
+
+        vLLM reuses the image features it computed for an image it has seen (its encoder cache); TRL resets only the
+        prefix cache after a sync, so the same images would keep the features of the old vision tower.
+        """
+        self.vllm_generation.sync_weights()
+        if self.vllm_mode == "colocate":
+            self.vllm_generation.llm.llm_engine.reset_encoder_cache()
 
     def _sample_with_transformers(self, encoded: list[EncodedPrompt], shared: bool) -> list[list[int]]:
         """`generate` on the left-padded prompts; each group's prompt is prefilled once when the prefix is shared."""
@@ -700,7 +743,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         return batch
 
     def _old_and_reference_logps(self, batch: dict[str, Any], mode: str, timer: PhaseTimer) -> None:
-        """Add `old_per_token_logps` (when generation and updates are misaligned) and `ref_per_token_logps` (beta > 0)."""
+        """Add `old_per_token_logps` (when generation and updates are misaligned, or to correct vLLM's sampling) and
+        `ref_per_token_logps` (beta > 0)."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # [B, P+C]
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # [B, P+C]
         logits_to_keep = batch["completion_ids"].size(1)  # C
@@ -713,12 +757,52 @@ class VLMGRPOTrainer(GRPOTrainer):
             torch.no_grad(),
             disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
         ):
-            if self.args.gradient_accumulation_steps % generate_every != 0:
+            if self.args.gradient_accumulation_steps % generate_every != 0 or self._corrects_vllm_sampling:
                 with timer("old_log_prob"):
                     batch["old_per_token_logps"] = self._policy_logps(self.model, *args)  # [B, C]
             if self.beta != 0.0:
                 with timer("ref"):
                     batch["ref_per_token_logps"] = self._reference_logps(*args)  # [B, C]
+
+    @property
+    def _corrects_vllm_sampling(self) -> bool:
+        """Whether vLLM's sampling log-probs weight the loss (`vllm_importance_sampling_correction`, as TRL)."""
+        return self.use_vllm and self.vllm_importance_sampling_correction
+
+    def _vllm_importance_sampling(self, batch: dict[str, Any], mode: str) -> None:
+        """Add TRL's `importance_sampling_ratio` `[B, C]` (`[B, 1]` per sequence) and log its `sampling/*` metrics."""
+        old, sampling, mask = (
+            batch["old_per_token_logps"],
+            batch["sampling_per_token_logps"],
+            batch["completion_mask"],
+        )
+        ratio = importance_sampling_ratio(
+            old,
+            sampling,
+            mask,
+            self.vllm_importance_sampling_mode,
+            self.vllm_importance_sampling_clip_min,
+            self.vllm_importance_sampling_clip_max,
+        )
+        batch["importance_sampling_ratio"] = ratio
+        stats = {
+            k: self.accelerator.gather(v)
+            for k, v in local_statistics(
+                old, sampling, mask, ratio, self.vllm_importance_sampling_mode
+            ).items()
+        }
+        metrics = self._metrics[mode]
+        metrics["sampling/sampling_logp_difference/mean"].append(stats["logp_difference/mean"].mean().item())
+        metrics["sampling/sampling_logp_difference/max"].append(stats["logp_difference/max"].max().item())
+        metrics["sampling/importance_sampling_ratio/min"].append(
+            nanmin(stats["importance_sampling_ratio/min"]).item()
+        )
+        metrics["sampling/importance_sampling_ratio/mean"].append(
+            stats["importance_sampling_ratio/mean"].nanmean().item()
+        )
+        metrics["sampling/importance_sampling_ratio/max"].append(
+            nanmax(stats["importance_sampling_ratio/max"]).item()
+        )
 
     def _policy_logps(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, image_inputs, sharing

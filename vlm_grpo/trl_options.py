@@ -42,10 +42,8 @@ _CONTINUOUS_BATCHING = (
     "use_transformers_continuous_batching does not support images (TRL refuses it for VLMs too); leave it off, or "
     "use use_vllm for fast generation."
 )
-_VLLM = Honoured("tests/test_vllm_payload.py::test_trainer_trains_through_vllm_colocate")
-_VLLM_IS = Honoured(
-    "tests/test_vllm_payload.py::test_trainer_refuses_vllm_with_importance_sampling_correction"
-)
+_VLLM = Honoured("tests/test_vllm.py::test_weight_sync_reaches_vllm")
+_VLLM_IS = Honoured("tests/test_vllm_correction.py::test_ratio_matches_trl")
 
 GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
     # model loading
@@ -91,12 +89,7 @@ GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
     "vllm_gpu_memory_utilization": _VLLM,
     "vllm_max_model_length": _VLLM,
     "vllm_tensor_parallel_size": _VLLM,
-    "vllm_importance_sampling_correction": Rejected(
-        lambda c: c.use_vllm and c.vllm_importance_sampling_correction,
-        "With use_vllm, VLMGRPOTrainer does not apply vLLM importance-sampling correction yet: set "
-        "vllm_importance_sampling_correction: false.",
-    ),
-    # the next four act only through the correction, refused above (as in TRL with the correction off)
+    "vllm_importance_sampling_correction": _VLLM_IS,
     "vllm_importance_sampling_mode": _VLLM_IS,
     "vllm_importance_sampling_clip_max": _VLLM_IS,
     "vllm_importance_sampling_clip_min": _VLLM_IS,

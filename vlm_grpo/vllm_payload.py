@@ -171,3 +171,23 @@ def vllm_prompt_inputs(payload: VLLMPayload) -> list[dict[str, Any]]:
             }
         inputs.append(item)
     return inputs
+
+
+def check_vllm_architecture(family: ModelFamily) -> None:
+    """Refuse, in one line, a family whose architecture the installed vLLM does not implement.
+
+    Args:
+        family (`ModelFamily`): the family's module; its `model_class()` names the architecture vLLM must load.
+
+    Raises:
+        `VLMGRPOError`: vLLM has no model class for this architecture.
+    """
+    import vllm
+    from vllm import ModelRegistry
+
+    architecture = family.model_class().__name__
+    if architecture not in ModelRegistry.get_supported_archs():
+        raise VLMGRPOError(
+            f"vLLM {vllm.__version__} does not implement {family.model_type} ({architecture}); set use_vllm: false "
+            "to generate with transformers, or install a vLLM that supports it."
+        )

@@ -12,7 +12,7 @@ prompts, or several images per prompt, needs no bookkeeping. `collate` concatena
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -184,6 +184,20 @@ class ModelFamily:
         token = getattr(processor, self.prompt_image_token_attr)
         return token, int(processor.tokenizer.convert_tokens_to_ids(token))
 
+    def image_tokens(
+        self,
+        model_config: Any,
+        width: int,
+        height: int,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        max_tiles: int | None = None,
+    ) -> int | None:
+        """Placeholder tokens one image of `width` x `height` pixels takes in a prompt, as the family's processor
+        expands it with these image-size settings (None: the checkpoint's); None when the family cannot say
+        without running its processor. Used by `vlm-grpo plan`."""
+        return None
+
     def context_length(self, model_config: Any) -> int | None:
         """Most tokens (prompt + completion) the language model places, or None when its config does not say."""
         return getattr(model_config.get_text_config(), "max_position_embeddings", None)
@@ -340,6 +354,20 @@ class ModelFamily:
 
         Args are those of `position_ids`, for the `[B, P]` prompts about to be continued.
         """
+
+    # ------------------------------------------------------------------------------------------------- vLLM
+    def vllm_weights(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """A transformers parameter as vLLM's model loads it (TRL's weight sync): one or more `(name, tensor)`.
+
+        vLLM's models load the published checkpoints' layout (each maps it with its `hf_to_vllm_mapper`); a family
+        whose transformers names or tensor layouts differ from that layout maps them back here. Defaults to the
+        parameter unchanged.
+
+        Args:
+            name (`str`): the parameter's transformers name, as TRL hands it to vLLM.
+            tensor (`torch.Tensor`): its value.
+        """
+        yield name, tensor
 
     # ---------------------------------------------------------------------------------------------- modules
     def is_vision_module(self, name: str) -> bool:

@@ -7,6 +7,7 @@ other bidirectionally, which the model derives from `token_type_ids` `[B, L]` (1
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -29,9 +30,27 @@ class Gemma3Family(ModelFamily):
     placeholder_processor_attrs: ClassVar[tuple[str, ...]] = ("image_token", "boi_token", "eoi_token")
     prompt_image_token_attr: ClassVar[str] = "boi_token"
 
+    def image_tokens(
+        self,
+        model_config: Any,
+        width: int,
+        height: int,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        max_tiles: int | None = None,
+    ) -> int:
+        """Gemma 3 resizes every image to one square: `mm_tokens_per_image` soft tokens, whatever its size."""
+        return model_config.mm_tokens_per_image
+
     def model_class(self) -> type:
         """`Gemma3ForConditionalGeneration`."""
         return Gemma3ForConditionalGeneration
+
+    def vllm_weights(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """transformers (>= 5) drops the SigLIP tower's `vision_model.` level, which the hub layout and vLLM keep."""
+        if name.startswith("model.vision_tower.") and not name.startswith("model.vision_tower.vision_model."):
+            name = "model.vision_tower.vision_model." + name.removeprefix("model.vision_tower.")
+        yield name, tensor
 
     def configure_image_size(
         self,

@@ -41,6 +41,28 @@ class Glm4vFamily(Qwen2VLFamily):
         "glm4v_moe": Glm4vMoeForConditionalGeneration,
     }
 
+    def image_tokens(
+        self,
+        model_config: Any,
+        width: int,
+        height: int,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        max_tiles: int | None = None,
+    ) -> int:
+        """GLM-4.xV resizes an image as a clip of `temporal_patch_size` frames, to multiples of `patch_size *
+        spatial_merge_size`; one token per merged patch."""
+        from transformers.models.glm4v.image_processing_glm4v import smart_resize
+
+        vision = model_config.vision_config
+        factor = vision.patch_size * vision.spatial_merge_size
+        bounds = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        frames = vision.temporal_patch_size
+        resized_height, resized_width = smart_resize(
+            frames, height, width, temporal_factor=frames, factor=factor, **bounds
+        )
+        return (resized_height // factor) * (resized_width // factor)
+
     def model_class(self) -> type:
         """`Glm4vForConditionalGeneration`, `Glm46VForConditionalGeneration` or `Glm4vMoeForConditionalGeneration`."""
         return self._classes[self.model_type]

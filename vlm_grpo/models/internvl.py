@@ -46,6 +46,27 @@ class InternVLFamily(ModelFamily):
             pass_router_logits_through(model)
         return model
 
+    def image_tokens(
+        self,
+        model_config: Any,
+        width: int,
+        height: int,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        max_tiles: int | None = None,
+    ) -> int:
+        """InternVL cuts an image into up to `max_tiles` (12) square tiles of the vision tower's size on the grid
+        closest to its aspect ratio, plus a thumbnail when there is more than one; each tile is `(image_size /
+        patch_size)^2 * downsample_ratio^2` tokens."""
+        from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
+
+        vision = model_config.vision_config
+        tile = vision.image_size[0]
+        columns, rows = get_optimal_tiled_canvas((height, width), (tile, tile), 1, max_tiles or 12)
+        tiles = columns * rows + (1 if columns * rows > 1 else 0)
+        per_tile = int((tile // vision.patch_size[0]) ** 2 * model_config.downsample_ratio**2)
+        return tiles * per_tile
+
     def configure_image_size(
         self,
         processor: ProcessorMixin,
@@ -75,8 +96,13 @@ def pass_router_logits_through(model: PreTrainedModel) -> None:
     inner = model.model
     seen: dict[str, Any] = {}
 
-    def keep(module: torch.nn.Module, args: Any, output: Any) -> None:
+    def keep(module: torch.nn.Module, args: Any, output: Any) -> Any:
         seen["router_logits"] = getattr(output, "router_logits", None)
+        if seen["router_logits"] is None:
+            return None
+        # from transformers 5.24 `InternVLModel` builds its output from every field of this one: without the field
+        # it does not declare, it can; `attach` adds the field to that output
+        return type(output)(**{key: value for key, value in output.items() if key != "router_logits"})
 
     def attach(module: torch.nn.Module, args: Any, output: Any) -> None:
         router_logits = seen.pop("router_logits", None)

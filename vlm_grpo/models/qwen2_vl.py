@@ -62,6 +62,25 @@ class Qwen2VLFamily(ModelFamily):
         if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
             raise VLMGRPOError(f"min_pixels ({min_pixels}) must not exceed max_pixels ({max_pixels}).")
 
+    def image_tokens(
+        self,
+        model_config: Any,
+        width: int,
+        height: int,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        max_tiles: int | None = None,
+    ) -> int:
+        """Qwen-VL resizes to multiples of `patch_size * spatial_merge_size` within the pixel bounds; one token per
+        merged patch."""
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+        vision = model_config.vision_config
+        factor = vision.patch_size * vision.spatial_merge_size
+        bounds = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        resized_height, resized_width = smart_resize(height, width, factor=factor, **bounds)
+        return (resized_height // factor) * (resized_width // factor)
+
     def join_image_features(self, outputs: Sequence[Any]) -> Any:
         """Per-image `pooler_output` tuples chained; Qwen3-VL's `deepstack_features` joined layer by layer."""
         joined = super().join_image_features(outputs)

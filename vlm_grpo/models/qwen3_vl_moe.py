@@ -13,8 +13,10 @@ asks for router logits in the pass that needs them).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import torch
 from transformers import PreTrainedModel, Qwen3VLMoeForConditionalGeneration
 
 from .qwen2_vl import Qwen2VLFamily
@@ -29,6 +31,12 @@ class Qwen3VLMoeFamily(Qwen2VLFamily):
     def model_class(self) -> type:
         """`Qwen3VLMoeForConditionalGeneration`."""
         return Qwen3VLMoeForConditionalGeneration
+
+    def vllm_weights(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """The fused expert weights, `[E, out, in]` in transformers, are `[E, in, out]` in the hub layout and vLLM."""
+        if name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+            tensor = tensor.transpose(1, 2)
+        yield name, tensor
 
     def load_model(self, path: str, **init_kwargs: Any) -> PreTrainedModel:
         """Load the model; its text config always declares `output_router_logits` (see the module doc)."""

@@ -18,10 +18,12 @@ from functools import partial
 from ._common import DEFAULT_WORDS, ROLE_WORDS, TAG_TOKENS, UNK_TOKEN
 from .gemma3 import build_gemma3
 from .gemma4 import build_gemma4
+from .glm4v import VLLM_LOGPROB_GAPS as GLM4V_VLLM_GAPS
 from .glm4v import build_glm4v
 from .internvl import build_internvl
 from .internvl_moe import build_internvl_moe
 from .qwen import build_qwen
+from .qwen3_5 import VLLM_LOGPROB_GAPS as QWEN3_5_VLLM_GAPS
 from .qwen3_5 import build_qwen_moe
 
 BUILDERS: dict[str, Callable[..., str]] = {
@@ -42,10 +44,21 @@ BUILDERS: dict[str, Callable[..., str]] = {
 """The one place a tiny builder is registered: ``shape -> builder(out_dir, **kwargs)``."""
 
 TINY_FAMILIES: tuple[str, ...] = tuple(BUILDERS)
+VLLM_LOGPROB_GAPS: dict[str, tuple[str, ...]] = {**GLM4V_VLLM_GAPS, **QWEN3_5_VLLM_GAPS}
+"""Tiny families whose vLLM log-probs are known to stay apart from the trainer's, and in which checks (`"sync"`,
+`"steps"`), as each builder's module records them."""
 """Shapes ``build_tiny_model`` builds. Each is the ``model_type`` of the saved config, except ``internvl_moe``: an
 ``internvl`` model (InternVL3.5's MoE checkpoints) whose language model is a ``qwen3_moe`` mixture of experts."""
 
-__all__ = ["DEFAULT_WORDS", "ROLE_WORDS", "TAG_TOKENS", "TINY_FAMILIES", "UNK_TOKEN", "build_tiny_model"]
+__all__ = [
+    "DEFAULT_WORDS",
+    "ROLE_WORDS",
+    "TAG_TOKENS",
+    "TINY_FAMILIES",
+    "UNK_TOKEN",
+    "VLLM_LOGPROB_GAPS",
+    "build_tiny_model",
+]
 
 
 def build_tiny_model(

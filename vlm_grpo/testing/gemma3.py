@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
 
 from ._common import (
@@ -178,7 +180,25 @@ def build_gemma3(
             model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.02)
     # gemma-3-*-it: eos [<eos>, <end_of_turn>], and the sampling fields of its generation_config.json
     sampling = {"cache_implementation": "hybrid", "do_sample": True, "top_k": 64, "top_p": 0.95}
-    return save_all(
+    save_all(
         out_dir, model, processor, eos_token_ids=[eos_id, eot_id], pad_token_id=pad_id, bos_token_id=bos_id,
         sampling=sampling,
     )  # fmt: skip
+    _hub_layout(Path(out_dir) / "model.safetensors")
+    return str(out_dir)
+
+
+def _hub_layout(weights: Path) -> None:
+    """Rename the SigLIP tower's weights to the published checkpoints' layout, `vision_tower.vision_model.*`.
+
+    transformers (>= 5) saves them as `vision_tower.*` and maps the published names on load; vLLM reads only the
+    published ones.
+    """
+    tensors = load_file(weights)
+    renamed = {
+        f"vision_tower.vision_model.{k.removeprefix('vision_tower.')}"
+        if k.startswith("vision_tower.") and not k.startswith("vision_tower.vision_model.")
+        else k: v
+        for k, v in tensors.items()
+    }
+    save_file(renamed, weights, metadata={"format": "pt"})

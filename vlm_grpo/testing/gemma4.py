@@ -146,6 +146,7 @@ def build_gemma4(
             "patch_size": PATCH_SIZE,
             "pooling_kernel_size": POOLING,
             "position_embedding_size": 1024,
+            "default_output_length": MAX_SOFT_TOKENS,  # soft tokens per image, as the published configs (vLLM reads it)
         },
         audio_config=None,
         boi_token_id=ids["<|image>"],

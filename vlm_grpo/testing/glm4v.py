@@ -160,7 +160,7 @@ def build_glm4v(
             "n_shared_experts": 1,
             "first_k_dense_replace": 1,
             "norm_topk_prob": True,
-            "attention_bias": True,
+            "use_qk_norm": False,  # as the published config.json (vLLM reads it)
         }
     prefix = "glm4v_moe" if family == "glm4v_moe" else "glm4v"
     config = config_cls(
@@ -174,6 +174,9 @@ def build_glm4v(
             "num_attention_heads": NUM_HEADS,
             "num_key_value_heads": NUM_KV_HEADS,
             "max_position_embeddings": 4096,
+            # as the published config.json (vLLM reads both; transformers' attention always has q/k/v biases)
+            "head_dim": head_dim,
+            "attention_bias": True,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 10000.0,
@@ -207,3 +210,8 @@ def build_glm4v(
     return save_all(
         out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
     )
+
+
+VLLM_LOGPROB_GAPS = {"glm4v_moe": ("sync",)}
+"""Open: after a weight sync vLLM 0.31's log-probs of the tiny GLM-4.5V stay 0.17 per token from the trainer's, more
+than bfloat16 rounding explains, with every weight loaded. The vLLM tests mark the check strict xfail."""

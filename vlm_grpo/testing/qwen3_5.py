@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
     PreTrainedTokenizerFast,
@@ -192,9 +194,13 @@ def build_qwen_moe(
         text_config.update(
             num_experts=NUM_EXPERTS,
             num_experts_per_tok=EXPERTS_PER_TOKEN,
-            moe_intermediate_size=hidden_size // 2,
+            # a quarter for qwen3_vl_moe: its fused gate_up_proj [E, 2 * moe_intermediate, hidden] must not be square,
+            # or transformers cannot tell the published layout (saved below) from its own
+            moe_intermediate_size=hidden_size // (4 if family == "qwen3_vl_moe" else 2),
             output_router_logits=False,  # saved explicitly: transformers 5.17 leaves it out by default
         )
+    if family == "qwen3_vl_moe":
+        text_config["norm_topk_prob"] = True  # as the published config.json (vLLM reads it)
     if is_hybrid:
         text_config["rope_parameters"]["partial_rotary_factor"] = rotary_dim / head_dim
         text_config.update(
@@ -241,6 +247,28 @@ def build_qwen_moe(
     config = config_cls(text_config=text_config, vision_config=vision_config, **token_ids)
     with seeded(seed):
         model = model_cls(config).float().eval()
-    return save_all(
+    save_all(
         out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
     )
+    if family == "qwen3_vl_moe":
+        _published_expert_layout(Path(out_dir) / "model.safetensors")
+    return str(out_dir)
+
+
+def _published_expert_layout(weights: Path) -> None:
+    """Store Qwen3-VL-MoE's fused expert weights as the published checkpoints do, `[E, in, out]`.
+
+    transformers (>= 5) holds and saves them `[E, out, in]` and transposes the published layout on load; vLLM reads
+    only the published one.
+    """
+    tensors = load_file(weights)
+    for name in tensors:
+        if name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+            tensors[name] = tensors[name].transpose(1, 2).contiguous()
+    save_file(tensors, weights, metadata={"format": "pt"})
+
+
+VLLM_LOGPROB_GAPS = {"qwen3_5_moe": ("sync", "steps")}
+"""Open: vLLM 0.31's log-probs of the tiny Qwen3.5-MoE stay further from the trainer's than bfloat16 rounding
+explains, already with the initial weights (0.59 at most per token), with every weight loaded. The vLLM tests mark
+these checks strict xfail so that a fix shows."""
