@@ -29,7 +29,9 @@ def test_sharing_benchmark_smoke_prints_both_modes_and_auto_decision():
         assert abs(float(saved) - (G - 1) * (P - 1) / (G * (P + C))) < 1e-3
         assert auto == ("share" if sharing_pays(P, C, [G]) else "full")
         assert float(full_s) > 0 and float(shared_s) > 0 and float(full_mib) > 0 and float(shared_mib) > 0
-        assert abs(float(ratio) - float(shared_s) / float(full_s)) < 0.01
+        full_t, shared_t = float(full_s), float(shared_s)  # printed to 3 decimals: the ratio of the printed
+        rounding = shared_t / full_t * (0.0005 / full_t + 0.0005 / shared_t) + 0.0005  # times is that close
+        assert abs(float(ratio) - shared_t / full_t) <= rounding
 
 
 def test_sharing_benchmark_refuses_a_point_outside_the_grid():
