@@ -15,12 +15,9 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import VLMGRPOError, run_cli
-
-if TYPE_CHECKING:  # torch and transformers load only once the options are read (see `main`)
-    from .planner.memory import Plan
 
 GIB = 2**30
 
@@ -141,15 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     print(describe(planned, gpu_memory, processes, title))
 
 
-def verdict(plan: Plan, gpu_memory: int) -> str:
-    """One line: fits with what to spare, or does not fit."""
-    peak = plan.peak / GIB
-    if plan.peak <= gpu_memory:
-        return f"fits in {gpu_memory / GIB:.0f} GiB with {(gpu_memory - plan.peak) / GIB:.1f} GiB to spare ({peak:.1f} GiB)"
-    return f"does not fit in {gpu_memory / GIB:.0f} GiB: {peak:.1f} GiB"
-
-
-__all__ = ["main", "verdict"]
+__all__ = ["main"]
 
 if __name__ == "__main__":
     run_cli("plan", main)

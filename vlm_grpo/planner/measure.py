@@ -10,7 +10,7 @@ experts and rotary embeddings are the model's own code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,7 +52,6 @@ class ParameterCounts:
     largest_module: int = 0
     lm_head_trainable: bool = False
     vision_trainable: bool = False
-    trainable_names: list[str] = field(default_factory=list, repr=False)
 
     @property
     def total(self) -> int:
@@ -116,11 +115,9 @@ def count_parameters(
         trained = [
             (n, p) for n, p in model.named_parameters() if not (freeze_vision and family.is_vision_module(n))
         ]
-        names = [n for n, _ in trained]
         counts.trainable = sum(p.numel() for _, p in trained)
         counts.lm_head_trainable = True
         counts.vision_trainable = not freeze_vision and counts.vision > 0
-        counts.trainable_names = names
         return counts
     modules = dict(model.named_modules())
     counts.lora = sum(lora_r * (modules[n].in_features + modules[n].out_features) for n in lora_targets or [])

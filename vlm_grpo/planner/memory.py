@@ -121,8 +121,7 @@ class Plan:
 
 def plan_memory(recipe: Recipe, params: ParameterCounts, costs: TokenCosts, gpu_memory: int) -> Plan:
     """The `Plan` of `recipe` for a model with `params` and `costs` on GPUs of `gpu_memory` bytes."""
-    n = recipe.processes
-    shard = n if recipe.zero_stage == 3 else 1
+    shard = recipe.processes if recipe.zero_stage == 3 else 1
     held = [_weights(recipe, params, shard)]
     if recipe.beta != 0.0 and recipe.lora_r is None:
         held.append(

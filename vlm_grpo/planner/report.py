@@ -138,6 +138,14 @@ def plan_config(
     return Planned(recipe, plan, params, costs, source, config.model_type, per_image, len(lora_targets or []))
 
 
+def verdict(plan: Plan, gpu_memory: int) -> str:
+    """One line: fits with what to spare, or does not fit."""
+    peak = plan.peak / GIB
+    if plan.peak <= gpu_memory:
+        return f"fits in {gpu_memory / GIB:.0f} GiB with {(gpu_memory - plan.peak) / GIB:.1f} GiB to spare ({peak:.1f} GiB)"
+    return f"does not fit in {gpu_memory / GIB:.0f} GiB: {peak:.1f} GiB"
+
+
 def _gib(size: int) -> str:
     return f"{size / GIB:6.2f} GiB"
 
@@ -170,8 +178,6 @@ def describe(planned: Planned, gpu_memory: int, processes: int, title: str) -> s
     if plan.host:
         lines.append(f"host RAM    {_gib(plan.host).strip()} per process (offloaded states)")
     lines.append(f"not counted {'; '.join(plan.unpredicted)}")
-    from ..plan import verdict
-
     lines.append(f"verdict     {verdict(plan, gpu_memory)}")
     best = suggestions(r, p, planned.costs, gpu_memory)
     if best:
@@ -180,4 +186,4 @@ def describe(planned: Planned, gpu_memory: int, processes: int, title: str) -> s
     return "\n".join(lines)
 
 
-__all__ = ["Planned", "describe", "plan_config", "weight_dtype"]
+__all__ = ["Planned", "describe", "plan_config", "verdict", "weight_dtype"]
