@@ -16,8 +16,14 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
+import torch
 from safetensors import SafetensorError
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+
+from .errors import VLMGRPOError
+from .models import ModelFamily
 
 COMPLETE_MARKER = "checkpoint_complete"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -115,3 +121,47 @@ def resolve_resume(value: str | bool | None, output_dir: str | os.PathLike) -> s
             f"{latest_checkpoint(Path(value).parent)!r} or pass --resume_from_checkpoint true."
         )
     return str(value)
+
+
+def load_weights_mapped(
+    target: torch.nn.Module, family: ModelFamily, checkpoint_dir: str | os.PathLike
+) -> None:
+    """Load a checkpoint's weights into `target` through the family's `from_pretrained`, which maps key names.
+
+    From transformers 5.23, VLM weights are saved under the checkpoint's original key names (`visual.*`, say) and
+    `Trainer._load_from_checkpoint` loads them without that mapping: every weight would be skipped with a warning
+    and training would resume from the initial weights.
+
+    Args:
+        target (`torch.nn.Module`): the unwrapped policy.
+        family (`ModelFamily`): its family, which loads the checkpoint.
+        checkpoint_dir (`str | os.PathLike`): the checkpoint folder.
+    """
+    loaded = family.load_model(str(checkpoint_dir), dtype=target.dtype, device_map=None)
+    missing, unexpected = target.load_state_dict(loaded.state_dict(), strict=False)
+    if missing or unexpected:
+        raise VLMGRPOError(
+            f"Checkpoint {checkpoint_dir} does not match the model: missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}; resume with the model and config that wrote it."
+        )
+
+
+def load_optimizer_and_scheduler_to_cpu(
+    optimizer: torch.optim.Optimizer, scheduler: Any, checkpoint_dir: str | os.PathLike
+) -> None:
+    """Load the optimizer and scheduler states as transformers does, to plain `cpu`.
+
+    transformers below 5.18 loads a multi-process run's optimizer state with `map_location=args.device`; on CPU
+    that is accelerate's indexed `cpu:0`, a location torch cannot restore to.
+
+    Args:
+        optimizer (`torch.optim.Optimizer`): the trainer's optimizer.
+        scheduler (`Any`): the trainer's learning-rate scheduler.
+        checkpoint_dir (`str | os.PathLike`): the checkpoint folder.
+    """
+    optimizer_file, scheduler_file = (
+        os.path.join(checkpoint_dir, n) for n in (OPTIMIZER_NAME, SCHEDULER_NAME)
+    )
+    if os.path.isfile(optimizer_file) and os.path.isfile(scheduler_file):
+        optimizer.load_state_dict(torch.load(optimizer_file, map_location="cpu", weights_only=True))
+        scheduler.load_state_dict(torch.load(scheduler_file, weights_only=True))

@@ -186,6 +186,25 @@ def unused(
     return [(part, g) for part, g in collected.dropped if (id(part), g * num_generations) not in used]
 
 
+def kept_and_dropped(
+    collected: Collected, runs: Sequence[tuple[Round, list[int]]], num_generations: int
+) -> tuple[Any, torch.Tensor, tuple[Any, torch.Tensor]]:
+    """The rows the batch trains on with their rewards `[n, F]`, and the unused dropped rows with theirs `[m, F]`.
+
+    Args:
+        collected (`Collected`): the generation batch's groups.
+        runs (`Sequence[tuple[Round, list[int]]]`): the chosen groups as runs of rows (see `group_rows`).
+        num_generations (`int`): completions per prompt.
+    """
+    first = runs[0][0].sampled
+    chosen = first.concat([part.sampled.select(rows) for part, rows in runs])
+    rewards = torch.cat([part.rewards[rows] for part, rows in runs])  # [n, F]
+    dropped = group_rows(unused(collected, runs, num_generations), num_generations)
+    parts = [part.sampled.select(rows) for part, rows in dropped] or [first.select([])]
+    dropped_rewards = [part.rewards[rows] for part, rows in dropped] or [rewards[:0]]
+    return chosen, rewards, (first.concat(parts), torch.cat(dropped_rewards))
+
+
 def metrics(collected: Collected, sum_all: Callable[[float], float]) -> dict[str, float]:
     """`dynamic_sampling/*` metrics of one generation batch, summed over processes."""
     return {

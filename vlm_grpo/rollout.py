@@ -157,3 +157,53 @@ class Sampled:
             [x for p in parts for x in p.completion_ids], logps, [x for p in parts for x in p.completions],
             parts[0].shared_generation,
         )  # fmt: skip
+
+
+def pad_batch(
+    encoded: list[EncodedPrompt],
+    completion_ids_list: list[list[int]],
+    sampling_logps_list: list[list[float | None]] | None,
+    pad_token_id: int,
+    pad_to_multiple_of: int | None,
+    mask_truncated_after: Sequence[int] | None,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Padded `[B, P]` prompts and `[B, C]` completions with masks, as TRL pads them, on `device`.
+
+    Args:
+        encoded (`list[EncodedPrompt]`): the rows' encoded prompts.
+        completion_ids_list (`list[list[int]]`): the rows' completions.
+        sampling_logps_list (`list[list[float | None]]`, *optional*): with vLLM, the sampled tokens' log-probs
+            (None where vLLM gave NaN); padded into `sampling_per_token_logps`.
+        pad_token_id (`int`): the tokenizer's pad id.
+        pad_to_multiple_of (`int`, *optional*): TRL's `pad_to_multiple_of`.
+        mask_truncated_after (`Sequence[int]`, *optional*): with `mask_truncated_completions`, the eos ids: a
+            completion that ends on neither eos nor pad is masked out entirely.
+        device (`torch.device`): where the tensors go.
+
+    Returns:
+        `dict`: `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask`, `image_inputs` (per row), and
+        `sampling_per_token_logps` with vLLM.
+    """
+    multiple = pad_to_multiple_of
+    prompt_ids, prompt_mask = pad_rows(
+        [e.input_ids for e in encoded], pad_token_id, "left", multiple
+    )  # [B, P]
+    completion_ids, completion_mask = pad_rows(completion_ids_list, pad_token_id, "right", multiple)  # [B, C]
+    if mask_truncated_after is not None:
+        truncated = torch.tensor(
+            [is_truncated(c, mask_truncated_after, pad_token_id) for c in completion_ids_list]
+        )
+        completion_mask = completion_mask * (~truncated).unsqueeze(1).int()
+    batch = {
+        "prompt_ids": prompt_ids.to(device),
+        "prompt_mask": prompt_mask.to(device),
+        "completion_ids": completion_ids.to(device),
+        "completion_mask": completion_mask.to(device),
+        "image_inputs": [e.image_inputs for e in encoded],
+    }
+    if sampling_logps_list is not None:  # vLLM replaces a NaN log-prob with None
+        rows = [[float("nan") if x is None else x for x in r] for r in sampling_logps_list]
+        logps, _ = pad_rows(rows, 0.0, "right", multiple, dtype=torch.float32)  # [B, C]
+        batch["sampling_per_token_logps"] = logps.to(device)
+    return batch

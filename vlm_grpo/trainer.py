@@ -4,14 +4,15 @@ The file reads in the order a step runs, as TRL's `GRPOTrainer` does:
 
 1. Construction: the per-model module (chosen by `config.model_type`) loads the model and processor; the vision
    tower is frozen on request and kept out of LoRA; TRL's own `__init__` runs; generation is configured so that
-   image/video placeholder tokens are never sampled; the reference model is built as a frozen copy of the policy.
+   image/video placeholder tokens are never sampled; the reference model is built as a frozen copy of the policy
+   (the steps are functions in `trainer_setup`).
 2. `_prepare_inputs`: one generation batch is rolled out, shuffled by whole groups and cut into micro-batches.
 3. The rollout (`_generate_and_score_completions`): encode each distinct prompt once, sample, decode, pad, old and
    reference log-probs, rewards, group advantages, metrics.
 4. Log-probs (`_get_per_token_logps_and_entropies`): one chunk loop; each chunk either runs each group's prompt
    once (shared prefix) or full rows.
 5. Loss: TRL's `_compute_loss`, reading this micro-batch's per-sample image tensors.
-6. Checkpoints and per-step metrics.
+6. Checkpoints.
 
 Every `GRPOConfig` option behaves as in TRL 1.16 or is refused when the config is built (see `trl_options.py`).
 """
@@ -22,48 +23,44 @@ import copy
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence, Sized
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 from accelerate.utils import gather, gather_object, is_peft_model
-from peft import LoraConfig, PeftConfig
+from peft import PeftConfig
 from safetensors import SafetensorError
-from transformers import AutoModelForSequenceClassification, GenerationConfig, PreTrainedModel, ProcessorMixin
-from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+from transformers import GenerationConfig, PreTrainedModel, ProcessorMixin
 from trl import GRPOTrainer
 from trl.data_utils import prepare_multimodal_messages
 from trl.extras.profiling import profiling_context
-from trl.models import prepare_deepspeed, unwrap_model_for_generation
+from trl.models import unwrap_model_for_generation
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.callbacks import SyncRefModelCallback
-from trl.trainer.utils import (
-    add_fused_lm_head,
-    disable_dropout_in_model,
-    get_callable_name,
-    is_async_callable,
-    nanmax,
-    nanmin,
-    nanstd,
-    split_tensor_dict,
-    use_adapter,
-)
+from trl.trainer.utils import split_tensor_dict, use_adapter
 
-from .adapters import resolve_lora_config
+from . import trainer_setup as setup
+from . import vllm_generation
 from .advantages import group_advantages
-from .checkpoints import checkpoint_write_error, mark_complete
+from .checkpoints import (
+    checkpoint_write_error,
+    load_optimizer_and_scheduler_to_cpu,
+    load_weights_mapped,
+    mark_complete,
+)
 from .config import VLMGRPOConfig, sharing_mode
-from .dynamic_sampling import DynamicSampling, PromptStream, Round, group_rows, unused
+from .dynamic_sampling import DynamicSampling, PromptStream, Round, group_rows, kept_and_dropped
 from .dynamic_sampling import metrics as dynamic_metrics
 from .errors import VLMGRPOError
 from .image_features import ImageFeatureCache
-from .lm_head import cast_lm_head_to_fp32, keep_embedding_dtype
+from .lm_head import keep_embedding_dtype
 from .models import EncodedPrompt, ModelFamily, get_model_family
-from .monitoring import PhaseTimer, length_stats, sample_records, step_metrics
-from .rewards.guard import RewardError, guard_reward
-from .rollout import Sampled, image_names, is_truncated, load_rows, pad_rows, row_images, same_prompt
-from .sample_log import samples_path, write_samples
+from .monitoring import PhaseTimer, step_metrics
+from .rewards.guard import RewardError
+from .rollout import Sampled, is_truncated, load_rows, pad_batch, pad_rows, row_images, same_prompt
+from .rollout_log import length_metrics, reward_metrics, write_step_samples
+from .sample_log import samples_path
 from .shared_prefix import (
     FULL_ROWS,
     SharingPlan,
@@ -74,20 +71,12 @@ from .shared_prefix import (
     shuffle_batch,
 )
 from .signal_watch import SignalWatch
+from .trl_options import refuse_trainer_arguments
 from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
-from .vllm_correction import importance_sampling_ratio, local_statistics
+from .vllm_correction import importance_sampling_ratio, local_statistics, sampling_metrics
 from .vllm_payload import build_vllm_payload, check_vllm_architecture, vllm_generate_kwargs
 
 logger = logging.getLogger(__name__)
-
-# vLLM's logit bias is clamped to [-100, 100]; -100 makes a placeholder token's probability vanish (exp(-100)).
-_VLLM_NEVER = -100.0
-
-
-def _merged_ids(ours: Sequence[int], user: int | Sequence[int] | None) -> list[int]:
-    """Token ids of ours followed by the user's that are not among them (`generation_kwargs` merge)."""
-    user = [] if user is None else [user] if isinstance(user, int) else list(user)
-    return [*ours, *(i for i in user if i not in ours)]
 
 
 class VLMGRPOTrainer(GRPOTrainer):
@@ -96,10 +85,12 @@ class VLMGRPOTrainer(GRPOTrainer):
     Args:
         model (`str | PreTrainedModel | PeftModel`): a model folder (or hub id), loaded by the family's module with
             `args.model_init_kwargs` (dtype, attn_implementation, quantization_config, ...), or a model in memory.
-        args (`VLMGRPOConfig`): training options; see its docstring for the vision-specific ones.
-        processing_class (`ProcessorMixin | None`): defaults to the family's processor with `args`' image limits.
-        peft_config (`peft.LoraConfig | None`): LoRA; `target_modules=None` or `"all-linear"` means every linear
-            layer of the language model, and the vision tower is never targeted.
+        args (`VLMGRPOConfig`, *optional*, defaults to `None`): training options; see its docstring for the
+            vision-specific ones.
+        processing_class (`ProcessorMixin`, *optional*, defaults to `None`): defaults to the family's processor
+            with `args`' image limits.
+        peft_config (`peft.LoraConfig`, *optional*, defaults to `None`): LoRA; `target_modules=None` or
+            `"all-linear"` means every linear layer of the language model, and the vision tower is never targeted.
 
     Refused with a one-line `VLMGRPOError`: `tools`, `rollout_func` and `environment_factory` (multi-turn rollouts
     with image tool outputs are not supported yet).
@@ -123,98 +114,70 @@ class VLMGRPOTrainer(GRPOTrainer):
         rollout_func: Any = None,
         environment_factory: Any = None,
     ):
-        args = args if args is not None else VLMGRPOConfig(output_dir="vlm-grpo-output")
-        self._refuse_unsupported(args, model, peft_config, tools, rollout_func, environment_factory)
-        family = get_model_family(model, trust_remote_code=args.trust_remote_code)
+        args = setup.resolve_args(args)
         model_path = model if isinstance(model, str) else None
-        init_kwargs = self._model_init_kwargs(args, family, quantization_config) if model_path else {}
-        if model_path is not None:
-            model = family.load_model(model_path, **init_kwargs)
-        if processing_class is None:
-            processing_class = family.load_processor(
-                model_path or model.config._name_or_path,
-                trust_remote_code=args.trust_remote_code,
-                **args.image_size_kwargs(),
-            )
-        builds_reference = args.beta != 0.0 and peft_config is None and not is_peft_model(model)
+        uses_peft = peft_config is not None or (model_path is None and is_peft_model(model))
+        refuse_trainer_arguments(
+            args.sync_ref_model, uses_peft, tools=tools, rollout_func=rollout_func,
+            environment_factory=environment_factory,
+        )  # fmt: skip
+        family = get_model_family(model, trust_remote_code=args.trust_remote_code)
+        model, processing_class, init_kwargs = setup.load_policy(
+            model, args, family, quantization_config, processing_class
+        )
+        builds_reference = args.beta != 0.0 and not uses_peft
         reference = copy.deepcopy(model).eval() if builds_reference and model_path is None else None
-        peft_config = self._freeze_vision_and_aim_lora(model, family, args, peft_config)
+        peft_config = setup.freeze_vision_and_aim_lora(model, family, args, peft_config)
         placeholders = family.placeholder_token_ids(processing_class, model.config)
-        self._reward_failures: list[
-            RewardError
-        ] = []  # filled by the guarded rewards, see `_calculate_rewards`
-        reward_funcs = self._reward_functions(reward_funcs, args, self._reward_failures)
+        # filled by the guarded rewards, see `_calculate_rewards`
+        self._reward_failures: list[RewardError] = []
+        reward_funcs = setup.reward_functions(reward_funcs, args, self._reward_failures)
         embedding_dtype = model.get_input_embeddings().weight.dtype
         if args.use_vllm:
             check_vllm_architecture(family)
-        with self._trl_view_of(args, builds_reference, placeholders, model) as hidden_tie:
+        with setup.trl_view_of(args, builds_reference, placeholders, model) as hidden_tie:
             super().__init__(
-                model=model,
-                reward_funcs=reward_funcs,
-                args=args,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                processing_class=processing_class,
-                reward_processing_classes=reward_processing_classes,
-                callbacks=callbacks,
-                optimizers=optimizers,
+                model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                eval_dataset=eval_dataset, processing_class=processing_class,
+                reward_processing_classes=reward_processing_classes, callbacks=callbacks, optimizers=optimizers,
                 peft_config=peft_config,
-            )
+            )  # fmt: skip
         if hidden_tie:
             keep_embedding_dtype(model, embedding_dtype)
         self.beta = args.beta
         self.family: ModelFamily = family
         self.placeholder_token_ids = placeholders
         if self.use_vllm:
-            self._name_weights_for_vllm()
-        self._check_dataset_size(train_dataset)
+            vllm_generation.name_weights_for_vllm(self.vllm_generation, family)
+        setup.check_dataset_size(train_dataset, args, self.num_generations)
         self._configure_generation()
         self._init_rollout_state()
         if builds_reference:
-            self.ref_model = self._build_reference_model(
-                reference or family.load_model(model_path, **init_kwargs)
-            )
-            if args.sync_ref_model:
-                self.add_callback(
-                    SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator)
-                )
+            self._attach_reference_model(reference or family.load_model(model_path, **init_kwargs))
 
-    @staticmethod
-    def _freeze_vision_and_aim_lora(
-        model: PreTrainedModel, family: ModelFamily, args: VLMGRPOConfig, peft_config: PeftConfig | None
-    ) -> PeftConfig | None:
-        """Freeze the vision tower on request; aim LoRA at the language model only. Returns the LoRA config."""
-        if args.freeze_vision_modules:
-            for name, param in model.named_parameters():
-                if family.is_vision_module(name):
-                    param.requires_grad_(False)
-        if isinstance(peft_config, LoraConfig):
-            return resolve_lora_config(peft_config, model, family)
-        return peft_config
+    def _attach_reference_model(self, reference: PreTrainedModel) -> None:
+        """The frozen reference policy, prepared like the policy, and kept in sync on `sync_ref_model`, as TRL."""
+        self.ref_model = setup.prepare_reference_model(
+            reference, self.args, self.accelerator, self.temperature, self.is_deepspeed_enabled
+        )
+        if self.args.sync_ref_model:
+            self.add_callback(SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator))
 
-    def _name_weights_for_vllm(self) -> None:
-        """TRL's weight sync hands vLLM each parameter as transformers holds it; vLLM gets the family's layout."""
-        trl_weights = self.vllm_generation._iter_named_params
+    def _configure_generation(self) -> None:
+        """Completions end on TRL's eos ids plus the user's, and never contain image/video placeholder tokens.
 
-        def vllm_weights() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in trl_weights():
-                yield from self.family.vllm_weights(name, tensor)
-
-        self.vllm_generation._iter_named_params = vllm_weights
-
-    def release_process_groups(self) -> None:
-        """Destroy the process groups vLLM set up in colocate mode, through vLLM (see `train.finish_processes`).
-
-        vLLM keeps its groups in its own state and destroys them again when it is finalized at exit; destroyed from
-        outside first, they make that finalizer print "Exception ignored ... Invalid process group specified".
-        Without vLLM in this process, a no-op.
+        TRL replaces its `eos_token_id` and `suppress_tokens` with the user's `generation_kwargs`; here they are
+        merged instead, so that a user's stop token adds to the family's and placeholders stay suppressed.
         """
-        if not (self.use_vllm and self.vllm_mode == "colocate"):
+        user = self.args.generation_kwargs or {}
+        self.eos_token_ids = setup.merged_ids(self.eos_token_ids, user.get("eos_token_id"))
+        if self.use_vllm:
             return
-        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
-
-        destroy_model_parallel()
-        destroy_distributed_environment()
+        self.generation_kwargs.update(
+            eos_token_id=self.eos_token_ids,
+            suppress_tokens=setup.merged_ids(self.placeholder_token_ids, user.get("suppress_tokens")),
+        )
+        self.generation_config = GenerationConfig(**self.generation_kwargs, disable_compile=True)
 
     def _init_rollout_state(self) -> None:
         """State of the rollout and of the per-step metrics, set once TRL's `__init__` has run."""
@@ -240,17 +203,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         # runs the vision tower's collectives alone.
         per_module_gathers = self._zero3_multi_process and not self.args.ds3_gather_for_generation
         self._image_features = None if vision_trains or per_module_gathers else ImageFeatureCache(self.family)
-        checkpointing = self.args.gradient_checkpointing_kwargs or {}
-        self._sharing = SharingPolicy(
-            mode=sharing_mode(self.args.share_prompt_prefix),
-            model_type=self.family.model_type,
-            indexable_cache=self.family.indexable_cache,
-            generation_config=None if self.use_vllm else self._merged_generation_config(),
-            zero3_frozen_vision=zero3 and self._image_features is not None,
-            reentrant_checkpointing=self.args.gradient_checkpointing
-            and checkpointing.get("use_reentrant", False),
-            aux_loss=self.aux_loss_enabled,
-        )
+        self._sharing = self._sharing_policy(zero3)
         if self._sharing.describe():
             logger.info(self._sharing.describe())
         self._dynamic = self._prompt_stream = None
@@ -261,163 +214,32 @@ class VLMGRPOTrainer(GRPOTrainer):
             )  # fmt: skip
             self._prompt_stream = PromptStream(len(self.train_dataset), seed=self.args.seed + 1)
 
+    def _sharing_policy(self, zero3: bool) -> SharingPolicy:
+        """Which passes may share each group's prompt: decided per generation batch by the returned policy."""
+        checkpointing = self.args.gradient_checkpointing_kwargs or {}
+        return SharingPolicy(
+            mode=sharing_mode(self.args.share_prompt_prefix),
+            model_type=self.family.model_type,
+            indexable_cache=self.family.indexable_cache,
+            generation_config=None if self.use_vllm else self._merged_generation_config(),
+            zero3_frozen_vision=zero3 and self._image_features is not None,
+            reentrant_checkpointing=self.args.gradient_checkpointing
+            and checkpointing.get("use_reentrant", False),
+            aux_loss=self.aux_loss_enabled,
+        )
+
     def _merged_generation_config(self) -> GenerationConfig:
         """The config `generate` runs with: TRL's, where unset filled from the model's own, as `generate` merges them."""
         model = self.accelerator.unwrap_model(self.model)
         return model._prepare_generation_config(self.generation_config)[0]
 
-    def _reusing_image_features(
-        self, model: torch.nn.Module, image_inputs: Sequence[dict]
-    ) -> AbstractContextManager:
-        """While vision is frozen, `model` takes this generation batch's stored image features (else: nothing)."""
-        if self._image_features is None:
-            return nullcontext()
-        return self._image_features.reuse(self._base_model(model), image_inputs)
+    def release_process_groups(self) -> None:
+        """Destroy the process groups vLLM set up in colocate mode, through vLLM (see `train.finish_processes`).
 
-    @staticmethod
-    def _refuse_unsupported(args, model, peft_config, tools, rollout_func, environment_factory) -> None:
-        """Refuse, in one line each, what this trainer cannot run (the config refuses its own options itself)."""
-        if not isinstance(args, VLMGRPOConfig):
-            raise VLMGRPOError(
-                f"args must be a VLMGRPOConfig, got {type(args).__name__}; build one from your options."
-            )
-        for name, value in (
-            ("tools", tools),
-            ("rollout_func", rollout_func),
-            ("environment_factory", environment_factory),
-        ):
-            if value is not None:
-                raise VLMGRPOError(
-                    f"VLMGRPOTrainer does not support {name} (multi-turn rollouts); leave it unset."
-                )
-        if args.sync_ref_model and (
-            peft_config is not None or (not isinstance(model, str) and is_peft_model(model))
-        ):
-            raise VLMGRPOError(
-                "sync_ref_model with PEFT: the reference is the policy with its adapter disabled, there is no "
-                "reference model to sync (as in TRL); set sync_ref_model: false or train without PEFT."
-            )
-
-    @staticmethod
-    def _model_init_kwargs(
-        args: VLMGRPOConfig, family: ModelFamily, quantization_config: Any
-    ) -> dict[str, Any]:
-        """`from_pretrained` keyword arguments of the policy (and reference), resolved by the family's module."""
-        kwargs = dict(args.model_init_kwargs or {})
-        if quantization_config is not None:
-            if "quantization_config" in kwargs:
-                raise VLMGRPOError(
-                    "quantization_config is set both as a trainer argument and in model_init_kwargs; keep one."
-                )
-            kwargs["quantization_config"] = quantization_config
-        if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED"):
-            kwargs["device_map"] = None  # distributed training places the model itself
-        return family.model_init_kwargs(**{**kwargs, "trust_remote_code": args.trust_remote_code})
-
-    @staticmethod
-    def _reward_functions(reward_funcs: Any, args: VLMGRPOConfig, failures: list[RewardError]) -> list:
-        """Reward models given as paths loaded as TRL loads them; plain callables wrapped to fail precisely."""
-        funcs = (
-            []
-            if reward_funcs is None
-            else list(reward_funcs)
-            if isinstance(reward_funcs, list)
-            else [reward_funcs]
-        )
-        kwargs = dict(args.model_init_kwargs or {})
-        if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED"):
-            kwargs["device_map"] = None
-        kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-        for i, func in enumerate(funcs):
-            if isinstance(func, str):
-                funcs[i] = AutoModelForSequenceClassification.from_pretrained(func, num_labels=1, **kwargs)
-            elif callable(func) and not isinstance(func, torch.nn.Module) and not is_async_callable(func):
-                funcs[i] = guard_reward(func, get_callable_name(func), failures)
-        return funcs
-
-    @staticmethod
-    @contextmanager
-    def _trl_view_of(
-        args: VLMGRPOConfig,
-        builds_reference: bool,
-        placeholders: list[int],
-        model: PreTrainedModel | None = None,
-    ) -> Iterator[bool]:
-        """What `GRPOTrainer.__init__` must see of `args`, restored afterwards.
-
-        TRL must not rebuild a reference model from `config._name_or_path` (it fails for a model that exists only
-        in memory, and loads another class than the VLM's): we build it after. The policy is already loaded, so
-        `model_init_kwargs` must not be applied again. With vLLM, the placeholder tokens get a logit bias that keeps
-        them from being sampled, merged into the user's `generation_kwargs`. With `cast_lm_head_to_fp32` and tied
-        embeddings, TRL must not see the tie (it looks for the embedding where a text-only model keeps it, see
-        `lm_head`): yields whether the tie was hidden, so that the trainer keeps the embedding's dtype itself.
+        Without vLLM in this process, a no-op.
         """
-        saved = args.beta, args.sync_ref_model, args.model_init_kwargs, args.generation_kwargs
-        hide_tie = model is not None and args.cast_lm_head_to_fp32 and model.config.tie_word_embeddings
-        if hide_tie:
-            model.config.tie_word_embeddings = False
-        if builds_reference:
-            args.beta, args.sync_ref_model = 0.0, False
-        args.model_init_kwargs = None
-        if args.use_vllm:
-            user = dict(args.generation_kwargs or {})
-            bias = {int(i): _VLLM_NEVER for i in placeholders}
-            args.generation_kwargs = {**user, "logit_bias": {**bias, **(user.get("logit_bias") or {})}}
-        try:
-            yield hide_tie
-        finally:
-            args.beta, args.sync_ref_model, args.model_init_kwargs, args.generation_kwargs = saved
-            if hide_tie:
-                model.config.tie_word_embeddings = True
-
-    def _check_dataset_size(self, dataset: Any) -> None:
-        """A dataset must fill at least one generation batch, or no training step can run."""
-        if not isinstance(dataset, Sized):
-            if self.args.dynamic_sampling:
-                raise VLMGRPOError(
-                    "dynamic_sampling draws fresh prompts by index, which a dataset without a length (an "
-                    "IterableDataset) cannot give; load the data as a Dataset or set dynamic_sampling: false."
-                )
-            return
-        needed = (
-            self.args.generation_batch_size // self.num_generations
-        )  # distinct prompts per generation batch
-        if len(dataset) < needed:
-            raise VLMGRPOError(
-                f"The training dataset has {len(dataset)} prompts but one generation batch needs {needed} "
-                f"(generation_batch_size {self.args.generation_batch_size} / num_generations "
-                f"{self.num_generations}); add data or lower per_device_train_batch_size or steps_per_generation."
-            )
-
-    def _configure_generation(self) -> None:
-        """Completions end on TRL's eos ids plus the user's, and never contain image/video placeholder tokens.
-
-        TRL replaces its `eos_token_id` and `suppress_tokens` with the user's `generation_kwargs`; here they are
-        merged instead, so that a user's stop token adds to the family's and placeholders stay suppressed.
-        """
-        user = self.args.generation_kwargs or {}
-        self.eos_token_ids = _merged_ids(self.eos_token_ids, user.get("eos_token_id"))
-        if self.use_vllm:
-            return
-        self.generation_kwargs.update(
-            eos_token_id=self.eos_token_ids,
-            suppress_tokens=_merged_ids(self.placeholder_token_ids, user.get("suppress_tokens")),
-        )
-        self.generation_config = GenerationConfig(**self.generation_kwargs, disable_compile=True)
-
-    def _build_reference_model(self, ref_model: PreTrainedModel) -> torch.nn.Module:
-        """Reference policy: a frozen copy of the initial model, prepared like the policy (ZeRO-3 shards it)."""
-        ref_model.requires_grad_(False)
-        if self.args.disable_dropout:
-            disable_dropout_in_model(ref_model)
-        if self.args.cast_lm_head_to_fp32:  # as TRL casts its own reference model
-            cast_lm_head_to_fp32(ref_model)
-        add_fused_lm_head(
-            ref_model, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32
-        )
-        if self.is_deepspeed_enabled:
-            return prepare_deepspeed(ref_model, self.accelerator)
-        return self.accelerator.prepare_model(ref_model, evaluation_mode=True)
+        if self.use_vllm and self.vllm_mode == "colocate":
+            vllm_generation.release_process_groups()
 
     # ------------------------------------------------------------------------------------------ one step
     def training_step(self, model, inputs, num_items_in_batch):
@@ -460,51 +282,40 @@ class VLMGRPOTrainer(GRPOTrainer):
         if self._image_features is not None and mode == "train":
             self._image_features.clear()  # the previous generation batch's features are not needed any more
         sampled = self._sample_rows(inputs, mode, timer)
-        local_rewards = (
-            None  # scored with the rollout (dynamic sampling), else after the log-prob passes, as TRL
+        local_rewards = dropped = (
+            None  # scored with the rollout (dynamic sampling), else after log-probs, as TRL
         )
-        dropped = None
         if mode == "train" and self.args.dynamic_sampling:
             sampled, local_rewards, dropped = self._sample_dynamically(sampled, timer)
-        inputs, encoded, completions = sampled.inputs, sampled.encoded, sampled.completions
-        completion_ids_list = sampled.completion_ids
-        prompt_ids_list = [e.input_ids for e in encoded]
-        self._log_lengths(mode, prompt_ids_list, completion_ids_list)
-        batch = self._pad_batch(encoded, completion_ids_list, sampled.sampling_logps)
+        self._log_lengths(mode, [e.input_ids for e in sampled.encoded], sampled.completion_ids)
+        batch = self._pad_batch(sampled.encoded, sampled.completion_ids, sampled.sampling_logps)
         width = batch["completion_ids"].size(1)
         batch["sharing"] = self._sharing.plan(
-            *self._shape(encoded, width), generation=sampled.shared_generation
+            *self._shape(sampled.encoded, width), generation=sampled.shared_generation
         )
         self._old_and_reference_logps(batch, mode, timer)
         if self._corrects_vllm_sampling:
             self._vllm_importance_sampling(batch, mode)
-
-        prompts = self._reward_prompts(inputs)
+        prompts = self._reward_prompts(sampled.inputs)
         if local_rewards is None:
             with timer("reward"):
                 rewards_per_func = self._calculate_rewards(
-                    inputs, prompts, completions, completion_ids_list
+                    sampled.inputs, prompts, sampled.completions, sampled.completion_ids
                 )  # [N, F]
         else:
             rewards_per_func = self.accelerator.gather(local_rewards)  # [N, F], processes in order as TRL
         with timer("adv"):
             num_generations = self.num_generations if mode == "train" else self.num_generations_eval
             advantages, rewards, is_std_zero = group_advantages(
-                rewards_per_func,
-                self.reward_weights,
-                num_generations,
-                self.scale_rewards,
+                rewards_per_func, self.reward_weights, num_generations, self.scale_rewards,
                 self.multi_objective_aggregation,
-            )  # [N] each
-        rank_rows = slice(
-            self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs)
-        )
-        batch["advantages"] = advantages[rank_rows]  # [B]
+            )  # [N] each  # fmt: skip
+        n = len(sampled.inputs)
+        batch["advantages"] = advantages[self.accelerator.process_index * n :][:n]  # [B], this process's rows
+        self._log_rollout(mode, sampled.inputs, prompts, sampled.completions, rewards_per_func, advantages)
         self._log_rewards(mode, rewards_per_func, is_std_zero)
-        self._log_rollout(mode, inputs, prompts, completions, rewards_per_func, advantages)
         if mode == "train":
-            texts = [c[0]["content"] for c in completions]
-            self._write_samples(inputs, texts, rewards_per_func, advantages, num_generations, dropped)
+            self._write_samples(sampled, rewards_per_func, advantages, num_generations, dropped)
             self._watch_signal(rewards, is_std_zero)
         return batch
 
@@ -523,60 +334,6 @@ class VLMGRPOTrainer(GRPOTrainer):
         return Sampled(
             inputs, encoded, completion_ids_list, sampling_logps_list, completions, shared_generation
         )
-
-    def _sample_dynamically(
-        self, sampled: Sampled, timer: PhaseTimer
-    ) -> tuple[Sampled, torch.Tensor, tuple[Sampled, torch.Tensor]]:
-        """Replace the groups whose rewards have zero spread by groups of fresh prompts (see `dynamic_sampling`).
-
-        Returns this process's rows to train on and their rewards `[n, F]`, and the rows dropped with theirs.
-        """
-        process, num_generations = self.accelerator.process_index, self.num_generations
-
-        def score(part: Sampled) -> Round:
-            with timer("reward"):
-                rewards = self._calculate_rewards(
-                    part.inputs, self._reward_prompts(part.inputs), part.completions, part.completion_ids
-                )  # [N, F], every process
-            n = len(part.inputs)
-            return Round(part.inputs, part, rewards[process * n : (process + 1) * n])
-
-        def fresh(groups: int) -> Round:
-            indices = self._prompt_stream.take(groups * self.accelerator.num_processes)
-            mine = indices[process * groups : (process + 1) * groups]
-            rows = [self.train_dataset[i] for i in mine for _ in range(num_generations)]
-            return score(self._sample_rows(rows, "train", timer))
-
-        least, most = (
-            (lambda n: int(self._across_processes(n, torch.min))),
-            (lambda n: int(self._across_processes(n, torch.max))),
-        )
-        collected = self._dynamic.collect(score(sampled), fresh, least, most)
-        needed = len(sampled.inputs) // num_generations
-        runs = group_rows(self._dynamic.chosen(collected, needed, least), num_generations)
-        for name, value in dynamic_metrics(
-            collected, lambda v: self._across_processes(float(v), torch.sum)
-        ).items():
-            self._metrics["train"][name].append(value)
-        chosen = Sampled.concat([part.sampled.select(rows) for part, rows in runs])
-        if self._image_features is not None:  # features of the dropped groups' images are not kept
-            self._image_features.keep([e.image_inputs for e in chosen.encoded])
-        rewards = torch.cat([part.rewards[rows] for part, rows in runs])  # [n, F]
-        dropped = group_rows(unused(collected, runs, num_generations), num_generations)
-        parts = [part.sampled.select(rows) for part, rows in dropped] or [sampled.select([])]
-        dropped_rewards = [part.rewards[rows] for part, rows in dropped] or [rewards[:0]]
-        return chosen, rewards, (Sampled.concat(parts), torch.cat(dropped_rewards))
-
-    def _watch_signal(self, rewards: torch.Tensor, is_std_zero: torch.Tensor) -> None:
-        """Warn (main process) when rollouts in a row had no learning signal (see `signal_watch`)."""
-        warning = self._signal_watch.observe(
-            frac_zero_std=is_std_zero.float().mean().item(),
-            mean_reward=torch.nanmean(rewards).item(),
-            all_zero=bool(torch.nan_to_num(rewards, nan=0.0).eq(0).all()),
-            step=self.state.global_step + 1,
-        )
-        if warning and self.accelerator.is_main_process:
-            logger.warning(warning)
 
     def _encode_prompts(self, rows: list[dict[str, Any]]) -> list[EncodedPrompt]:
         """Chat template + processor once per distinct prompt: consecutive rows of one group share one encoding.
@@ -660,14 +417,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         return [list(ids) for ids in completion_ids], sampling_logps
 
     def sync_vllm_weights(self) -> None:
-        """TRL's weight sync into vLLM, then (colocate) vLLM's encoder cache is emptied.
-
-        vLLM reuses the image features it computed for an image it has seen (its encoder cache); TRL resets only the
-        prefix cache after a sync, so the same images would keep the features of the old vision tower.
-        """
-        self.vllm_generation.sync_weights()
-        if self.vllm_mode == "colocate":
-            self.vllm_generation.llm.llm_engine.reset_encoder_cache()
+        """TRL's weight sync into vLLM, with the family's weight names and vLLM's encoder cache emptied."""
+        vllm_generation.sync_weights(self.vllm_generation, self.vllm_mode)
 
     def _sample_with_transformers(self, encoded: list[EncodedPrompt], shared: bool) -> list[list[int]]:
         """`generate` on the left-padded prompts; each group's prompt is prefilled once when the prefix is shared."""
@@ -706,40 +457,83 @@ class VLMGRPOTrainer(GRPOTrainer):
         lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completion_ids.size(1))  # eos kept
         return [row[:n].tolist() for row, n in zip(completion_ids, lengths.tolist(), strict=True)]
 
+    def _reusing_image_features(
+        self, model: torch.nn.Module, image_inputs: Sequence[dict]
+    ) -> AbstractContextManager:
+        """While vision is frozen, `model` takes this generation batch's stored image features (else: nothing)."""
+        if self._image_features is None:
+            return nullcontext()
+        return self._image_features.reuse(self._base_model(model), image_inputs)
+
+    def _sample_dynamically(
+        self, sampled: Sampled, timer: PhaseTimer
+    ) -> tuple[Sampled, torch.Tensor, tuple[Sampled, torch.Tensor]]:
+        """Replace the groups whose rewards have zero spread by groups of fresh prompts (see `dynamic_sampling`).
+
+        Returns this process's rows to train on and their rewards `[n, F]`, and the rows dropped with theirs.
+        """
+        process, num_generations = self.accelerator.process_index, self.num_generations
+
+        def score(part: Sampled) -> Round:
+            with timer("reward"):
+                rewards = self._calculate_rewards(
+                    part.inputs, self._reward_prompts(part.inputs), part.completions, part.completion_ids
+                )  # [N, F], every process
+            n = len(part.inputs)
+            return Round(part.inputs, part, rewards[process * n : (process + 1) * n])
+
+        def fresh(groups: int) -> Round:
+            indices = self._prompt_stream.take(groups * self.accelerator.num_processes)
+            mine = indices[process * groups : (process + 1) * groups]
+            rows = [self.train_dataset[i] for i in mine for _ in range(num_generations)]
+            return score(self._sample_rows(rows, "train", timer))
+
+        least, most = (
+            (lambda n: int(self._across_processes(n, torch.min))),
+            (lambda n: int(self._across_processes(n, torch.max))),
+        )
+        collected = self._dynamic.collect(score(sampled), fresh, least, most)
+        needed = len(sampled.inputs) // num_generations
+        runs = group_rows(self._dynamic.chosen(collected, needed, least), num_generations)
+        for name, value in dynamic_metrics(
+            collected, lambda v: self._across_processes(float(v), torch.sum)
+        ).items():
+            self._metrics["train"][name].append(value)
+        chosen, rewards, dropped = kept_and_dropped(collected, runs, num_generations)
+        if self._image_features is not None:  # features of the dropped groups' images are not kept
+            self._image_features.keep([e.image_inputs for e in chosen.encoded])
+        return chosen, rewards, dropped
+
+    def _log_lengths(
+        self, mode: str, prompt_ids_list: list[list[int]], completion_ids_list: list[list[int]]
+    ) -> None:
+        """Token counts and completion-length metrics, as TRL logs them, plus length percentiles."""
+        device, pad_id = self.accelerator.device, self._tokenizer.pad_token_id
+        prompt_lengths = gather(torch.tensor([len(i) for i in prompt_ids_list], device=device))  # [N]
+        lengths = gather(torch.tensor([len(i) for i in completion_ids_list], device=device)).float()  # [N]
+        truncated = [is_truncated(i, self.eos_token_ids, pad_id) for i in completion_ids_list]
+        truncated = gather(torch.tensor(truncated, device=device))  # [N]
+        total_tokens = int(prompt_lengths.sum().item() + lengths.sum().item())
+        if mode == "train":
+            self.state.num_input_tokens_seen += total_tokens
+            self._step_tokens += total_tokens
+        for name, value in length_metrics(prompt_lengths, lengths, truncated).items():
+            self._metrics[mode][name].append(value)
+        self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
+
     def _pad_batch(
         self,
         encoded: list[EncodedPrompt],
         completion_ids_list: list[list[int]],
         sampling_logps_list: list[list[float | None]] | None,
     ) -> dict[str, Any]:
-        """Padded `[B, P]` prompts and `[B, C]` completions with masks, as TRL pads them (`pad_to_multiple_of`).
-
-        With `mask_truncated_completions`, a completion that ends on neither eos nor pad is masked out entirely.
-        """
-        device, pad_id, multiple = (
-            self.accelerator.device,
-            self._tokenizer.pad_token_id,
-            self.pad_to_multiple_of,
-        )
-        prompt_ids, prompt_mask = pad_rows([e.input_ids for e in encoded], pad_id, "left", multiple)  # [B, P]
-        completion_ids, completion_mask = pad_rows(completion_ids_list, pad_id, "right", multiple)  # [B, C]
-        if self.mask_truncated_completions:
-            truncated = torch.tensor(
-                [is_truncated(c, self.eos_token_ids, pad_id) for c in completion_ids_list]
-            )
-            completion_mask = completion_mask * (~truncated).unsqueeze(1).int()
-        batch = {
-            "prompt_ids": prompt_ids.to(device),
-            "prompt_mask": prompt_mask.to(device),
-            "completion_ids": completion_ids.to(device),
-            "completion_mask": completion_mask.to(device),
-            "num_items_in_batch": self.accelerator.gather(completion_mask.sum().to(device)).sum(),
-            "image_inputs": [e.image_inputs for e in encoded],
-        }
-        if sampling_logps_list is not None:  # vLLM replaces a NaN log-prob with None
-            rows = [[float("nan") if x is None else x for x in r] for r in sampling_logps_list]
-            logps, _ = pad_rows(rows, 0.0, "right", multiple, dtype=torch.float32)  # [B, C]
-            batch["sampling_per_token_logps"] = logps.to(device)
+        """Padded `[B, P]` prompts and `[B, C]` completions with masks, as TRL pads them (see `rollout.pad_batch`)."""
+        device = self.accelerator.device
+        batch = pad_batch(
+            encoded, completion_ids_list, sampling_logps_list, self._tokenizer.pad_token_id, self.pad_to_multiple_of,
+            self.eos_token_ids if self.mask_truncated_completions else None, device,
+        )  # fmt: skip
+        batch["num_items_in_batch"] = self.accelerator.gather(batch["completion_mask"].sum()).sum()
         return batch
 
     def _old_and_reference_logps(self, batch: dict[str, Any], mode: str, timer: PhaseTimer) -> None:
@@ -776,33 +570,17 @@ class VLMGRPOTrainer(GRPOTrainer):
             batch["sampling_per_token_logps"],
             batch["completion_mask"],
         )
+        mode_name = self.vllm_importance_sampling_mode
         ratio = importance_sampling_ratio(
-            old,
-            sampling,
-            mask,
-            self.vllm_importance_sampling_mode,
-            self.vllm_importance_sampling_clip_min,
+            old, sampling, mask, mode_name, self.vllm_importance_sampling_clip_min,
             self.vllm_importance_sampling_clip_max,
-        )
+        )  # fmt: skip
         batch["importance_sampling_ratio"] = ratio
-        stats = {
-            k: self.accelerator.gather(v)
-            for k, v in local_statistics(
-                old, sampling, mask, ratio, self.vllm_importance_sampling_mode
-            ).items()
-        }
-        metrics = self._metrics[mode]
-        metrics["sampling/sampling_logp_difference/mean"].append(stats["logp_difference/mean"].mean().item())
-        metrics["sampling/sampling_logp_difference/max"].append(stats["logp_difference/max"].max().item())
-        metrics["sampling/importance_sampling_ratio/min"].append(
-            nanmin(stats["importance_sampling_ratio/min"]).item()
-        )
-        metrics["sampling/importance_sampling_ratio/mean"].append(
-            stats["importance_sampling_ratio/mean"].nanmean().item()
-        )
-        metrics["sampling/importance_sampling_ratio/max"].append(
-            nanmax(stats["importance_sampling_ratio/max"]).item()
-        )
+        local = local_statistics(old, sampling, mask, ratio, mode_name)
+        for name, value in sampling_metrics(
+            {k: self.accelerator.gather(v) for k, v in local.items()}
+        ).items():
+            self._metrics[mode][name].append(value)
 
     def _policy_logps(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, image_inputs, sharing
@@ -853,7 +631,57 @@ class VLMGRPOTrainer(GRPOTrainer):
             raise RewardError(f"{failures[0]} (on another process)")
         return rewards_per_func
 
-    # ------------------------------------------------------------------------------------------ log-probs
+    def _log_rollout(self, mode, inputs, prompts, completions, rewards_per_func, advantages) -> None:
+        """The completions table (TRL's `_logs`), the rewards' own `log_extra` columns and `log_metric` values."""
+        self._logs["prompt"].extend(gather_object(prompts))
+        self._logs["completion"].extend(gather_object(completions))
+        for i, name in enumerate(self.reward_func_names):
+            self._logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
+        self._logs["advantages"].extend(advantages.tolist())
+        # Sorted keys: every process must gather the same names in the same order.
+        for column in sorted(set(gather_object(list(self._pending_extra_logs)))):
+            values = self._pending_extra_logs.get(column, [None] * len(prompts))
+            self._logs["extra"][column].extend(gather_object(values))
+        self._pending_extra_logs.clear()
+        for name in sorted(set(gather_object(list(self._pending_metrics)))):
+            values = self._pending_metrics.get(name, [])
+            local = torch.tensor(
+                [sum(values), len(values)], dtype=torch.float32, device=self.accelerator.device
+            )
+            total, count = self.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
+            self._metrics[mode][name].append(total / count)
+        self._pending_metrics.clear()
+        if self.log_multimodal and (
+            "images" in inputs[0] or "image" in inputs[0]
+        ):  # the same on every process
+            self._logs["images"].extend(gather_object([row_images(x) or None for x in inputs]))
+
+    def _log_rewards(self, mode: str, rewards_per_func: torch.Tensor, is_std_zero: torch.Tensor) -> None:
+        """Each function's mean and std, and the weighted sum of raw rewards (NaN where none applies), as TRL logs."""
+        metrics = reward_metrics(rewards_per_func, self.reward_weights, self.reward_func_names, is_std_zero)
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+
+    def _write_samples(self, sampled, rewards_per_func, advantages, num_generations, dropped=None) -> None:
+        """Every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (see `rollout_log`)."""
+        every = self.args.log_samples_steps
+        if every and self.state.global_step % every == 0:
+            write_step_samples(
+                self.args.output_dir, self.state.global_step, self.reward_func_names, sampled, rewards_per_func,
+                advantages, num_generations, self.accelerator.is_main_process, dropped,
+            )  # fmt: skip
+
+    def _watch_signal(self, rewards: torch.Tensor, is_std_zero: torch.Tensor) -> None:
+        """Warn (main process) when rollouts in a row had no learning signal (see `signal_watch`)."""
+        warning = self._signal_watch.observe(
+            frac_zero_std=is_std_zero.float().mean().item(),
+            mean_reward=torch.nanmean(rewards).item(),
+            all_zero=bool(torch.nan_to_num(rewards, nan=0.0).eq(0).all()),
+            step=self.state.global_step + 1,
+        )
+        if warning and self.accelerator.is_main_process:
+            logger.warning(warning)
+
     def _get_per_token_logps_and_entropies(
         self,
         model,
@@ -953,37 +781,21 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        """Load a checkpoint's weights through `from_pretrained`, which maps their key names.
+        """Load a checkpoint's weights through `from_pretrained`, which maps their key names (`load_weights_mapped`).
 
-        transformers 5.23 saves VLM weights under the checkpoint's original key names (e.g. `visual.*`), and
-        `Trainer._load_from_checkpoint` loads them without that mapping: every weight is skipped with a warning
-        and training silently resumes from the initial weights. DeepSpeed and PEFT load their own way.
+        DeepSpeed, FSDP and PEFT load their own way, as in transformers.
         """
         model = self.model if model is None else model
         if self.is_deepspeed_enabled or self.is_fsdp_enabled or is_peft_model(model):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
-        target = self.accelerator.unwrap_model(model)
-        loaded = self.family.load_model(resume_from_checkpoint, dtype=target.dtype, device_map=None)
-        missing, unexpected = target.load_state_dict(loaded.state_dict(), strict=False)
-        if missing or unexpected:
-            raise VLMGRPOError(
-                f"Checkpoint {resume_from_checkpoint} does not match the model: missing {missing[:3]}, "
-                f"unexpected {unexpected[:3]}; resume with the model and config that wrote it."
-            )
+        load_weights_mapped(self.accelerator.unwrap_model(model), self.family, resume_from_checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """Load the optimizer and scheduler states as transformers does, to plain `cpu` in a multi-process CPU run.
-
-        transformers below 5.18 loads a multi-process run's optimizer state with `map_location=args.device`; on CPU
-        that is accelerate's indexed `cpu:0`, a location torch cannot restore to, so resuming a DDP run failed.
-        """
+        """Load the optimizer and scheduler states as transformers does; to plain `cpu` in a multi-process CPU run."""
         plain = self.is_deepspeed_enabled or self.args.world_size == 1 or self.args.device.type != "cpu"
         if checkpoint is None or plain:
             return super()._load_optimizer_and_scheduler(checkpoint)
-        optimizer, scheduler = (os.path.join(checkpoint, name) for name in (OPTIMIZER_NAME, SCHEDULER_NAME))
-        if os.path.isfile(optimizer) and os.path.isfile(scheduler):
-            self.optimizer.load_state_dict(torch.load(optimizer, map_location="cpu", weights_only=True))
-            self.lr_scheduler.load_state_dict(torch.load(scheduler, weights_only=True))
+        load_optimizer_and_scheduler_to_cpu(self.optimizer, self.lr_scheduler, checkpoint)
 
     def _save_checkpoint(self, model, trial):
         """Save as transformers does, then mark the checkpoint complete once every process has written it.
@@ -1013,119 +825,3 @@ class VLMGRPOTrainer(GRPOTrainer):
         super()._load_rng_state(checkpoint)
         if checkpoint is not None and self._prompt_stream is not None:
             self._prompt_stream.load(checkpoint)
-
-    # ------------------------------------------------------------------------------------------ metrics
-    def _log_lengths(
-        self, mode: str, prompt_ids_list: list[list[int]], completion_ids_list: list[list[int]]
-    ) -> None:
-        """Token counts and completion-length metrics, as TRL logs them, plus length percentiles."""
-        device, pad_id = self.accelerator.device, self._tokenizer.pad_token_id
-        prompt_lengths = gather(torch.tensor([len(i) for i in prompt_ids_list], device=device))
-        lengths = gather(torch.tensor([len(i) for i in completion_ids_list], device=device)).float()  # [N]
-        truncated = gather(
-            torch.tensor(
-                [is_truncated(i, self.eos_token_ids, pad_id) for i in completion_ids_list], device=device
-            )
-        )  # [N]
-        total_tokens = int(prompt_lengths.sum().item() + lengths.sum().item())
-        if mode == "train":
-            self.state.num_input_tokens_seen += total_tokens
-            self._step_tokens += total_tokens
-        metrics = self._metrics[mode]
-        stats = {
-            **length_stats("prompt_length", prompt_lengths.tolist()),
-            **length_stats("response_length", lengths.tolist()),
-        }
-        for name, value in stats.items():
-            metrics[name].append(value)
-        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
-        terminated = lengths[~truncated] if (~truncated).any() else torch.zeros(1, device=device)
-        for name, values in (("", lengths), ("_terminated", terminated)):
-            metrics[f"completions/mean{name}_length"].append(values.mean().item())
-            metrics[f"completions/min{name}_length"].append(values.min().item())
-            metrics[f"completions/max{name}_length"].append(values.max().item())
-        metrics["completions/clipped_ratio"].append(truncated.float().mean().item())
-
-    def _log_rewards(self, mode: str, rewards_per_func: torch.Tensor, is_std_zero: torch.Tensor) -> None:
-        """Each function's mean and std, and the weighted sum of raw rewards (NaN where none applies), as TRL logs."""
-        metrics = self._metrics[mode]
-        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)  # [1, F]
-        rewards = (rewards_per_func * weights).nansum(dim=1)  # [N]
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        for i, name in enumerate(self.reward_func_names):
-            metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
-            metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[:, i]).item())
-        metrics["reward"].append(torch.nanmean(rewards).item())
-        metrics["reward_std"].append(nanstd(rewards).item())
-        metrics["frac_reward_zero_std"].append(is_std_zero.float().mean().item())
-
-    def _log_rollout(self, mode, inputs, prompts, completions, rewards_per_func, advantages) -> None:
-        """The completions table (TRL's `_logs`), the rewards' own `log_extra` columns and `log_metric` values."""
-        self._logs["prompt"].extend(gather_object(prompts))
-        self._logs["completion"].extend(gather_object(completions))
-        for i, name in enumerate(self.reward_func_names):
-            self._logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
-        self._logs["advantages"].extend(advantages.tolist())
-        # Sorted keys: every process must gather the same names in the same order.
-        for column in sorted(set(gather_object(list(self._pending_extra_logs)))):
-            values = self._pending_extra_logs.get(column, [None] * len(prompts))
-            self._logs["extra"][column].extend(gather_object(values))
-        self._pending_extra_logs.clear()
-        for name in sorted(set(gather_object(list(self._pending_metrics)))):
-            values = self._pending_metrics.get(name, [])
-            local = torch.tensor(
-                [sum(values), len(values)], dtype=torch.float32, device=self.accelerator.device
-            )
-            total, count = self.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
-            self._metrics[mode][name].append(total / count)
-        self._pending_metrics.clear()
-        if self.log_multimodal and (
-            "images" in inputs[0] or "image" in inputs[0]
-        ):  # the same on every process
-            self._logs["images"].extend(gather_object([row_images(x) or None for x in inputs]))
-
-    def _write_samples(
-        self, inputs, texts, rewards_per_func, advantages, num_generations, dropped=None
-    ) -> None:
-        """Every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (main process).
-
-        With dynamic sampling, `dropped` holds this process's dropped rows and their rewards `[m, F]`: they are
-        written too, marked `"dropped": true`.
-        """
-        every = self.args.log_samples_steps
-        if not every or self.state.global_step % every != 0:
-            return
-        keep = ("prompt", "image_paths", "solution", "id")
-
-        def gathered_rows(part: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            return gather_object(
-                [
-                    {k: x[k] for k in keep if k in x}
-                    | {"image_paths": x.get("image_paths") or image_names(x)}
-                    for x in part
-                ]
-            )
-
-        def rewards_by_name(values: torch.Tensor) -> dict[str, list[float]]:
-            return {name: values[:, i].tolist() for i, name in enumerate(self.reward_func_names)}
-
-        rows, all_texts = gathered_rows(inputs), gather_object(texts)
-        extra = []
-        if dropped is not None:
-            part, local = dropped
-            dropped_rows = gathered_rows(part.inputs)
-            dropped_texts = gather_object([c[0]["content"] for c in part.completions])
-            dropped_rewards = torch.tensor(gather_object(local.tolist())).view(
-                -1, len(self.reward_func_names)
-            )
-            nan = [float("nan")] * len(dropped_rows)
-            extra = sample_records(self.state.global_step, dropped_rows, dropped_texts,
-                                   rewards_by_name(dropped_rewards), nan, num_generations)  # fmt: skip
-        if not self.accelerator.is_main_process:
-            return
-        records = sample_records(
-            self.state.global_step, rows, all_texts, rewards_by_name(rewards_per_func), advantages.tolist(),
-            num_generations,
-        )  # fmt: skip
-        records += [{**record, "dropped": True} for record in extra]
-        write_samples(samples_path(self.args.output_dir, self.state.global_step), records)

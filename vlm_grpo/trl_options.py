@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import VLMGRPOError
+
 PARITY = "tests/test_trl_parity.py::test_one_step_matches_trl"
 """The table-driven test: one GRPO step of stock `trl.GRPOTrainer` and of ours, same completions, loss, weights."""
 
@@ -194,3 +196,27 @@ def rejected_option_names() -> list[str]:
     """Names of the options that can be refused, for the README's short list."""
     table = {**GRPO_OPTIONS, **TRAINING_ARGUMENTS}
     return [name for name, entry in table.items() if isinstance(entry, Rejected)]
+
+
+TRAINER_ARGUMENTS = ("tools", "rollout_func", "environment_factory")
+"""`GRPOTrainer` arguments that `VLMGRPOTrainer` refuses: multi-turn rollouts (image tool outputs are not supported)."""
+
+
+def refuse_trainer_arguments(sync_ref_model: bool, uses_peft: bool, **arguments: Any) -> None:
+    """Refuse, in one line each, the trainer arguments and combinations this trainer cannot run.
+
+    Args:
+        sync_ref_model (`bool`): the config's `sync_ref_model`.
+        uses_peft (`bool`): whether the policy trains a PEFT adapter (a `peft_config`, or a PEFT model given).
+        **arguments: the trainer's `TRAINER_ARGUMENTS`, by name; each must be None.
+    """
+    for name in TRAINER_ARGUMENTS:
+        if arguments.get(name) is not None:
+            raise VLMGRPOError(
+                f"VLMGRPOTrainer does not support {name} (multi-turn rollouts); leave it unset."
+            )
+    if sync_ref_model and uses_peft:
+        raise VLMGRPOError(
+            "sync_ref_model with PEFT: the reference is the policy with its adapter disabled, there is no "
+            "reference model to sync (as in TRL); set sync_ref_model: false or train without PEFT."
+        )

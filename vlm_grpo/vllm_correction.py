@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+from trl.trainer.utils import nanmax, nanmin
 
 from .errors import VLMGRPOError
 
@@ -80,4 +81,17 @@ def local_statistics(
         "importance_sampling_ratio/min": reduce(flat, torch.min),
         "importance_sampling_ratio/mean": reduce(flat, torch.mean),
         "importance_sampling_ratio/max": reduce(flat, torch.max),
+    }
+
+
+def sampling_metrics(gathered: dict[str, torch.Tensor]) -> dict[str, float]:
+    """TRL's `sampling/*` metrics from every process's `local_statistics`, gathered (`[num_processes]` each)."""
+    return {
+        "sampling/sampling_logp_difference/mean": gathered["logp_difference/mean"].mean().item(),
+        "sampling/sampling_logp_difference/max": gathered["logp_difference/max"].max().item(),
+        "sampling/importance_sampling_ratio/min": nanmin(gathered["importance_sampling_ratio/min"]).item(),
+        "sampling/importance_sampling_ratio/mean": gathered["importance_sampling_ratio/mean"]
+        .nanmean()
+        .item(),
+        "sampling/importance_sampling_ratio/max": nanmax(gathered["importance_sampling_ratio/max"]).item(),
     }

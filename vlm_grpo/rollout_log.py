@@ -1,0 +1,123 @@
+"""What a rollout logs: TRL's length and reward metrics, and the step's samples written to `output_dir/samples/`.
+
+The metrics are computed from tensors already gathered over every process, as TRL 1.16's
+`GRPOTrainer._generate_and_score_completions` computes them, plus length percentiles (see `monitoring`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl.trainer.utils import nanstd
+
+from .monitoring import length_stats, sample_records
+from .rollout import Sampled, image_names
+from .sample_log import samples_path, write_samples
+
+_SAMPLE_KEYS = ("prompt", "image_paths", "solution", "id")
+
+
+def length_metrics(
+    prompt_lengths: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor
+) -> dict[str, float]:
+    """Prompt and completion length metrics, as TRL logs them, plus length percentiles.
+
+    Args:
+        prompt_lengths (`torch.Tensor`): `[N]` prompt lengths of every row, all processes.
+        lengths (`torch.Tensor`): `[N]` completion lengths (float).
+        truncated (`torch.Tensor`): `[N]` whether each completion ended on neither eos nor pad.
+    """
+    metrics = {
+        **length_stats("prompt_length", prompt_lengths.tolist()),
+        **length_stats("response_length", lengths.tolist()),
+    }
+    terminated = lengths[~truncated] if (~truncated).any() else torch.zeros(1, device=lengths.device)
+    for name, values in (("", lengths), ("_terminated", terminated)):
+        metrics[f"completions/mean{name}_length"] = values.mean().item()
+        metrics[f"completions/min{name}_length"] = values.min().item()
+        metrics[f"completions/max{name}_length"] = values.max().item()
+    metrics["completions/clipped_ratio"] = truncated.float().mean().item()
+    return metrics
+
+
+def reward_metrics(
+    rewards_per_func: torch.Tensor, weights: torch.Tensor, names: list[str], is_std_zero: torch.Tensor
+) -> dict[str, float]:
+    """Each function's mean and std, and the weighted sum of raw rewards (NaN where none applies), as TRL logs.
+
+    Args:
+        rewards_per_func (`torch.Tensor`): `[N, F]` rewards of every row, all processes.
+        weights (`torch.Tensor`): `[F]` reward weights.
+        names (`list[str]`): the F reward functions' names.
+        is_std_zero (`torch.Tensor`): `[N]` whether each row's group had rewards of zero spread.
+    """
+    rewards = (rewards_per_func * weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)  # [N]
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    metrics = {}
+    for i, name in enumerate(names):
+        metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards_per_func[:, i]).item()
+        metrics[f"rewards/{name}/std"] = nanstd(rewards_per_func[:, i]).item()
+    metrics["reward"] = torch.nanmean(rewards).item()
+    metrics["reward_std"] = nanstd(rewards).item()
+    metrics["frac_reward_zero_std"] = is_std_zero.float().mean().item()
+    return metrics
+
+
+def _gathered_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fields of each row a sample record keeps, from every process (a collective call)."""
+    kept = [{k: x[k] for k in _SAMPLE_KEYS if k in x} | {"image_paths": x.get("image_paths") or image_names(x)}
+            for x in rows]  # fmt: skip
+    return gather_object(kept)
+
+
+def write_step_samples(
+    output_dir: str,
+    step: int,
+    names: list[str],
+    sampled: Sampled,
+    rewards_per_func: torch.Tensor,
+    advantages: torch.Tensor,
+    num_generations: int,
+    is_main_process: bool,
+    dropped: tuple[Sampled, torch.Tensor] | None = None,
+) -> None:
+    """Write one step's groups to `output_dir/samples/` (main process); every process must call it.
+
+    Args:
+        output_dir (`str`): the run's output folder.
+        step (`int`): the global step the samples belong to.
+        names (`list[str]`): the reward functions' names.
+        sampled (`Sampled`): this process's rows and completions.
+        rewards_per_func (`torch.Tensor`): `[N, F]` rewards of every process's rows.
+        advantages (`torch.Tensor`): `[N]` advantages of every process's rows.
+        num_generations (`int`): completions per prompt.
+        is_main_process (`bool`): whether this process writes.
+        dropped (`tuple[Sampled, torch.Tensor]`, *optional*, defaults to `None`): with dynamic sampling, this
+            process's dropped rows and their rewards `[m, F]`, written too and marked `"dropped": true`.
+    """
+
+    def by_name(values: torch.Tensor) -> dict[str, list[float]]:
+        return {name: values[:, i].tolist() for i, name in enumerate(names)}
+
+    def texts(part: Sampled) -> list[str]:
+        return gather_object([c[0]["content"] for c in part.completions])
+
+    rows, all_texts = _gathered_rows(sampled.inputs), texts(sampled)
+    extra = []
+    if dropped is not None:
+        part, local = dropped
+        dropped_rows, dropped_texts = _gathered_rows(part.inputs), texts(part)
+        dropped_rewards = torch.tensor(gather_object(local.tolist())).view(-1, len(names))  # [M, F]
+        nan = [float("nan")] * len(dropped_rows)
+        extra = sample_records(
+            step, dropped_rows, dropped_texts, by_name(dropped_rewards), nan, num_generations
+        )
+    if not is_main_process:
+        return
+    records = sample_records(
+        step, rows, all_texts, by_name(rewards_per_func), advantages.tolist(), num_generations
+    )
+    records += [{**record, "dropped": True} for record in extra]
+    write_samples(samples_path(output_dir, step), records)

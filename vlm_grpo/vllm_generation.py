@@ -1,0 +1,59 @@
+"""TRL's vLLM backend (`trainer.vllm_generation`), adapted to vision-language models.
+
+Three changes to what TRL does: the weights TRL syncs are named as the family's vLLM model loads them; after a sync
+vLLM's encoder cache is emptied too (colocate), so that images it has seen are encoded by the new vision tower; and
+at the end of a run vLLM's own process groups are destroyed through vLLM. The prompts vLLM receives are built by
+`vllm_payload`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .models import ModelFamily
+
+
+def name_weights_for_vllm(vllm_generation: Any, family: ModelFamily) -> None:
+    """Make TRL's weight sync hand vLLM each parameter in the family's vLLM layout (see `ModelFamily.vllm_weights`).
+
+    Args:
+        vllm_generation (`Any`): TRL's `VLLMGeneration` of the trainer.
+        family (`ModelFamily`): the policy's family.
+    """
+    trl_weights = vllm_generation._iter_named_params
+
+    def vllm_weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in trl_weights():
+            yield from family.vllm_weights(name, tensor)
+
+    vllm_generation._iter_named_params = vllm_weights
+
+
+def sync_weights(vllm_generation: Any, vllm_mode: str) -> None:
+    """TRL's weight sync into vLLM, then (colocate) vLLM's encoder cache is emptied.
+
+    vLLM reuses the image features it computed for an image it has seen (its encoder cache); TRL resets only the
+    prefix cache after a sync, so the same images would keep the features of the old vision tower.
+
+    Args:
+        vllm_generation (`Any`): TRL's `VLLMGeneration` of the trainer.
+        vllm_mode (`str`): `"colocate"` or `"server"`.
+    """
+    vllm_generation.sync_weights()
+    if vllm_mode == "colocate":
+        vllm_generation.llm.llm_engine.reset_encoder_cache()
+
+
+def release_process_groups() -> None:
+    """Destroy the process groups vLLM set up in this process (colocate), through vLLM.
+
+    vLLM keeps its groups in its own state and destroys them again when it is finalized at exit; destroyed from
+    outside first, they make that finalizer print "Exception ignored ... Invalid process group specified".
+    """
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
