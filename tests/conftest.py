@@ -12,6 +12,8 @@ import yaml
 from datasets import Dataset
 from PIL import Image
 
+from vlm_grpo.testing import families_with
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
@@ -19,13 +21,9 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(
     prefix="vlm_grpo_cache_"
 )  # the option cache, per test session
 
-NEW_FAMILIES = ("qwen3_vl_moe", "internvl_moe", "gemma4", "glm4v", "glm46v", "glm4v_moe")
-"""Families added after the first five: `test_families_coverage` runs the per-family checks other files run on a
-subset of the first five. `internvl_moe` is the InternVL3.5 MoE shape: an `internvl` model whose language model is a
-`qwen3_moe` mixture of experts (see `vlm_grpo.testing.BUILDERS`)."""
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", *NEW_FAMILIES)
+FAMILIES = families_with(indexable_cache=True)
 """Families whose cache the shared prefix indexes from groups to rows; the per-family tests run on each."""
-FULL_ROW_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+FULL_ROW_FAMILIES = families_with(indexable_cache=False)
 """Families that declare `indexable_cache = False` (linear-attention state): every pass runs full rows.
 `test_families_full_rows` runs the `FAMILIES` tests on them through the trainer, which honours the fallback."""
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}

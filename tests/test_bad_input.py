@@ -13,6 +13,7 @@ from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.checkpoints import is_complete
 from vlm_grpo.cli import main as cli_main
 from vlm_grpo.rollout import load_rows
+from vlm_grpo.testing import DEFAULT_FAMILY, FAMILIES
 
 
 def error_line(capsys, *argv: str) -> str:
@@ -34,24 +35,24 @@ def data(tmp_path):
 
 def test_missing_image(tiny_model, tmp_path, data, capsys):
     (tmp_path / "data" / "images" / "3.png").unlink()
-    line = error_line(capsys, "train", str(write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data)))
+    line = error_line(capsys, "train", str(write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), data)))
     assert "train.json" in line and "record 4" in line and "'image'" in line and "3.png" in line
 
 
 def test_corrupt_image(tiny_model, tmp_path, data, capsys):
     (tmp_path / "data" / "images" / "5.png").write_bytes(b"not a png at all")
-    line = error_line(capsys, "train", str(write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data)))
+    line = error_line(capsys, "train", str(write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), data)))
     assert "train.json" in line and "record 6" in line and "5.png" in line
 
 
 def test_unknown_yaml_key(tiny_model, tmp_path, data, capsys):
-    path = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data, learning_rat=1e-4)
+    path = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), data, learning_rat=1e-4)
     line = error_line(capsys, "train", str(path))
     assert "unknown key 'learning_rat' (did you mean 'learning_rate'?)" in line
 
 
 def test_misspelt_key_is_reported_before_the_batch_size_error(tiny_model, tmp_path, data, capsys):
-    path = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data, num_generation=4)
+    path = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), data, num_generation=4)
     (tmp_path / "train.yaml").write_text(
         (tmp_path / "train.yaml")
         .read_text()
@@ -62,7 +63,9 @@ def test_misspelt_key_is_reported_before_the_batch_size_error(tiny_model, tmp_pa
 
 
 def test_misspelt_reward_entry_key(tiny_model, tmp_path, data, capsys):
-    path = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data, rewards=[{"name": "iou", "wieght": 2}])
+    path = write_train_yaml(
+        tmp_path, tiny_model(DEFAULT_FAMILY), data, rewards=[{"name": "iou", "wieght": 2}]
+    )
     line = error_line(capsys, "train", str(path))
     assert "reward 'iou': unknown key 'wieght' (did you mean 'weight'?)" in line
 
@@ -81,11 +84,11 @@ def test_a_genuine_bug_keeps_its_traceback(tiny_model, tmp_path, data, monkeypat
 
     monkeypatch.setattr(vlm_grpo.data, "load_data_config", broken_loader)
     with pytest.raises(TypeError, match="a bug inside vlm_grpo"):  # not turned into a one-line SystemExit
-        cli_main(["train", str(write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data))])
+        cli_main(["train", str(write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), data))])
 
 
 def test_unknown_reward_name_lists_builtins(tiny_model, tmp_path, data, capsys):
-    path = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data, rewards=["choice_acc"])
+    path = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), data, rewards=["choice_acc"])
     line = error_line(capsys, "train", str(path))
     assert "choice_acc" in line and "choice_accuracy" in line and "iou" in line
 
@@ -111,7 +114,7 @@ def test_reward_that_raises_names_reward_and_record_and_keeps_checkpoint(
 ):
     path = write_train_yaml(
         tmp_path,
-        tiny_model("qwen2_vl"),
+        tiny_model(DEFAULT_FAMILY),
         data,
         rewards=["user_rewards.explodes"],
         max_steps=3,
@@ -129,7 +132,7 @@ def test_reward_that_raises_names_reward_and_record_and_keeps_checkpoint(
 
 @pytest.mark.parametrize(("reward", "expected"), [("too_few", "returned 3 values for 4")])
 def test_reward_returning_bad_values(tiny_model, tmp_path, data, capsys, user_rewards, reward, expected):
-    path = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data, rewards=[f"user_rewards.{reward}"])
+    path = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), data, rewards=[f"user_rewards.{reward}"])
     line = error_line(capsys, "train", str(path))
     assert f"reward '{reward}'" in line and expected in line
 
@@ -141,7 +144,7 @@ def test_unknown_model_type(tmp_path, data, capsys):
         json.dumps({"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4})
     )
     line = error_line(capsys, "train", str(write_train_yaml(tmp_path, str(model), data)))
-    assert "Unsupported model_type 'llama'" in line and "qwen2_vl" in line and "gemma3" in line
+    assert "Unsupported model_type 'llama'" in line and all(f.model_type in line for f in FAMILIES.values())
 
 
 @pytest.mark.parametrize("where", ["absolute", "relative"])
@@ -174,7 +177,7 @@ def test_remote_code_model_needs_explicit_opt_in(tmp_path, data, capsys):
 
 def test_batch_size_not_divisible_by_num_generations(tiny_model, tmp_path, data, capsys):
     path = write_train_yaml(
-        tmp_path, tiny_model("qwen2_vl"), data, per_device_train_batch_size=3, num_generations=2
+        tmp_path, tiny_model(DEFAULT_FAMILY), data, per_device_train_batch_size=3, num_generations=2
     )
     line = error_line(capsys, "train", str(path))
     assert "num_generations" in line and "divisible" in line
@@ -183,21 +186,21 @@ def test_batch_size_not_divisible_by_num_generations(tiny_model, tmp_path, data,
 def test_dataset_smaller_than_one_batch(tiny_model, tmp_path, capsys):
     data = write_color_data(tmp_path / "data", n=2)
     path = write_train_yaml(
-        tmp_path, tiny_model("qwen2_vl"), data, per_device_train_batch_size=8, num_generations=2
+        tmp_path, tiny_model(DEFAULT_FAMILY), data, per_device_train_batch_size=8, num_generations=2
     )
     line = error_line(capsys, "train", str(path))
     assert "2 prompts" in line and "needs 4" in line
 
 
 def test_debug_keeps_the_traceback(tiny_model, tmp_path, data):
-    path = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data, rewards=["choice_acc"])
+    path = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), data, rewards=["choice_acc"])
     with pytest.raises(ValueError, match="choice_acc"):
         cli_main(["train", str(path), "--debug"])
 
 
 def test_image_above_pixel_limit_is_resized(tiny_model, tmp_path):
     trainer = VLMGRPOTrainer(
-        model=tiny_model("qwen2_vl"),
+        model=tiny_model(DEFAULT_FAMILY),
         reward_funcs=length_reward,
         args=grpo_args(tmp_path, max_steps=1, max_pixels=56 * 56),
         train_dataset=color_dataset(8),
@@ -210,7 +213,7 @@ def test_image_above_pixel_limit_is_resized(tiny_model, tmp_path):
 
 def test_prompt_longer_than_context_is_explained(tiny_model, tmp_path):
     trainer = VLMGRPOTrainer(
-        model=tiny_model("qwen2_vl"),
+        model=tiny_model(DEFAULT_FAMILY),
         reward_funcs=length_reward,
         args=grpo_args(tmp_path, max_steps=1),
         train_dataset=color_dataset(8),

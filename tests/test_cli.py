@@ -16,6 +16,7 @@ from transformers.utils import is_torch_bf16_gpu_available
 
 from vlm_grpo.cli import main as cli_main
 from vlm_grpo.demo import run_demo
+from vlm_grpo.testing import DEFAULT_FAMILY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,7 @@ def test_train_then_eval_round_trip(tiny_model, tmp_path):
     data = write_color_data(tmp_path / "data")
     out = tmp_path / "run"
     config = {
-        "model_name_or_path": tiny_model("qwen2_vl"),
+        "model_name_or_path": tiny_model(DEFAULT_FAMILY),
         "dtype": "float32",
         "data_config": str(data),
         "rewards": [{"name": "choice_accuracy", "weight": 1.0}, {"name": "format", "weight": 0.5}],

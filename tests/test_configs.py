@@ -14,6 +14,7 @@ from vlm_grpo.data import load_data_config
 from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.models import SUPPORTED_MODEL_TYPES
 from vlm_grpo.rewards import build_rewards
+from vlm_grpo.testing import FAMILIES
 from vlm_grpo.train import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,13 +80,7 @@ def test_accelerate_configs(name):
 
 
 def test_recipe_model_families_are_supported():
-    families = {
-        "Qwen2.5-VL": "qwen2_5_vl",
-        "InternVL": "internvl",
-        "gemma-3": "gemma3",
-        "Qwen3-VL-30B-A3B": "qwen3_vl_moe",
-        "Qwen3.5": "qwen3_5",
-    }
+    families = {name: f.model_type for f in FAMILIES.values() for name in f.checkpoints}
     for recipe in RECIPES:
         model = yaml.safe_load(recipe.read_text())["model_name_or_path"]
         assert any(key in model and families[key] in SUPPORTED_MODEL_TYPES for key in families), model

@@ -40,6 +40,8 @@ from dist_helpers import (
     write_data,
 )
 
+from vlm_grpo.testing import DEFAULT_FAMILY
+
 pytestmark = pytest.mark.distributed
 
 ZERO2 = "local_scripts/zero2.json"
@@ -167,7 +169,7 @@ def test_torchrun(tiny_model, tmp_path, deepspeed_cpu_ops, name, extra, zero_sta
     zero3: `from_pretrained` runs under `deepspeed.zero.Init`, whose DeepSpeed config must see both processes
     (with `use_cpu` the process group is made by accelerate, not DeepSpeed; see `vlm_grpo.train.init_deepspeed_comm`).
     """
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     run, out, probe = train(tmp_path, model, lambda config: torchrun_cmd(config, *extra))
     check_run(run, out, probe, model, zero_stage)
 
@@ -175,7 +177,7 @@ def test_torchrun(tiny_model, tmp_path, deepspeed_cpu_ops, name, extra, zero_sta
 # -------------------------------------------------------------------------------------------- 2. accelerate launch
 def test_accelerate_launch_zero3(tiny_model, tmp_path, deepspeed_cpu_ops):
     """`accelerate launch --config_file local_scripts/accelerate_zero3.yaml --num_processes 2 -m vlm_grpo.train`."""
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     run, out, probe = train(tmp_path, model, accelerate_cmd)
     check_run(run, out, probe, model, zero_stage=3)
 
@@ -184,7 +186,7 @@ def test_accelerate_launch_zero3(tiny_model, tmp_path, deepspeed_cpu_ops):
 def test_zero3_reference_model_is_the_vlm_sharded_like_the_policy(tiny_model, tmp_path, deepspeed_cpu_ops):
     """beta > 0 under ZeRO-3: the reference model is loaded with the VLM class and partitioned like the policy,
     and the KL against it is logged and positive once the policy has moved (step 2)."""
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     run, out, probe = train(tmp_path, model, accelerate_cmd, beta=0.1)
     state = check_run(run, out, probe, model, zero_stage=3)
 
@@ -213,7 +215,7 @@ def test_zero3_reference_model_is_the_vlm_sharded_like_the_policy(tiny_model, tm
 def test_train_grpo_sh_single_node(tiny_model, tmp_path, deepspeed_cpu_ops, name, extra, zero_stage):
     """`NPROC_PER_NODE=2 DEEPSPEED= bash local_scripts/train_grpo.sh CONFIG.yaml --field value [--deepspeed ...]`:
     plain DDP, and ZeRO-3 asked for by a flag that the script forwards."""
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     port = str(free_port())
     env = {"NPROC_PER_NODE": "2", "MASTER_PORT": port, "DEEPSPEED": ""}
     script = str(ROOT / "local_scripts" / "train_grpo.sh")
@@ -244,7 +246,7 @@ def test_zero3_text_only_rank_and_image_rank(tiny_model, tmp_path, deepspeed_cpu
     expected size"; with TORCH_DISTRIBUTED_DEBUG=DETAIL: "Detected mismatch between collectives"), or a hang is
     killed at RUN_TIMEOUT.
     """
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     run, out, probe = train(
         tmp_path,
         model,

@@ -17,6 +17,7 @@ from conftest import color_dataset, grpo_args, length_reward, write_color_data, 
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.dynamic_sampling import PromptStream
 from vlm_grpo.errors import VLMGRPOError
+from vlm_grpo.testing import DEFAULT_FAMILY
 
 DEGENERATE = ("red", "green")
 
@@ -31,7 +32,7 @@ def agree_on_red_and_green(completions, solution, **kwargs) -> list[float]:
 
 def trainer_for(tiny_model, tmp_path, reward=agree_on_red_and_green, **overrides) -> VLMGRPOTrainer:
     args = grpo_args(tmp_path, dynamic_sampling=True, log_samples_steps=1, **overrides)
-    return VLMGRPOTrainer(tiny_model("qwen2_vl"), reward, args=args, train_dataset=color_dataset(8))
+    return VLMGRPOTrainer(tiny_model(DEFAULT_FAMILY), reward, args=args, train_dataset=color_dataset(8))
 
 
 def samples(folder) -> list[dict]:
@@ -92,7 +93,7 @@ def test_a_step_equals_a_plain_step_on_the_kept_groups(tiny_model, tmp_path):
     greedy = {"do_sample": False}
     dynamic = trainer_for(tiny_model, tmp_path / "dynamic", generation_kwargs=greedy)
     plain = VLMGRPOTrainer(
-        tiny_model("qwen2_vl"), agree_on_red_and_green, train_dataset=color_dataset(8),
+        tiny_model(DEFAULT_FAMILY), agree_on_red_and_green, train_dataset=color_dataset(8),
         args=grpo_args(tmp_path / "plain", generation_kwargs=greedy, log_samples_steps=0),
     )  # fmt: skip
     dataset = color_dataset(8)
@@ -135,14 +136,14 @@ def test_resume_draws_the_prompts_the_uninterrupted_run_draws(tiny_model, tmp_pa
     options = dict(rewards=["agree_reward.agree"], dynamic_sampling=True, max_steps=4, save_strategy="steps",
                    save_steps=2, seed=3, learning_rate=1e-2)  # fmt: skip
     straight = write_train_yaml(
-        tmp_path / "a", tiny_model("qwen2_vl"), data, output_dir=str(tmp_path / "a"), **options
+        tmp_path / "a", tiny_model(DEFAULT_FAMILY), data, output_dir=str(tmp_path / "a"), **options
     )
     train_main([str(straight)])
     checkpoint = tmp_path / "a" / "checkpoint-2"
     assert json.loads((checkpoint / "prompt_stream.json").read_text())["taken"] > 0
     shutil.copytree(checkpoint, tmp_path / "b" / "checkpoint-2")
     resumed = write_train_yaml(
-        tmp_path / "b", tiny_model("qwen2_vl"), data, output_dir=str(tmp_path / "b"), **options
+        tmp_path / "b", tiny_model(DEFAULT_FAMILY), data, output_dir=str(tmp_path / "b"), **options
     )
     train_main([str(resumed), "--resume_from_checkpoint", "true"])
     from safetensors.torch import load_file
@@ -175,7 +176,7 @@ def test_options_are_checked(options, message, tmp_path):
 def test_plain_runs_are_unchanged(tiny_model, tmp_path):
     """With dynamic_sampling off no dynamic metric is logged (the TRL parity tests cover the rest)."""
     trainer = VLMGRPOTrainer(
-        tiny_model("qwen2_vl"),
+        tiny_model(DEFAULT_FAMILY),
         length_reward,
         args=grpo_args(tmp_path, max_steps=1),
         train_dataset=color_dataset(4),
@@ -207,7 +208,7 @@ def test_two_processes_agree_and_resume_exactly(deepspeed, tiny_model, tmp_path)
     if deepspeed:
         built = build_deepspeed_cpu_ops()
         assert built.returncode == 0, built.stdout[-3000:]
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     data = write_data(tmp_path / "data", ["image"] * 8)
 
     def torchrun(name: str, *extra: str):
@@ -262,7 +263,9 @@ def test_with_everything_around_it(case, layout, tiny_model, tmp_path):
         else color_dataset(8, images_per_prompt=2, text_only_every=2)
     )
     args = grpo_args(tmp_path, dynamic_sampling=True, log_samples_steps=0, **AROUND[case])
-    trainer = VLMGRPOTrainer(tiny_model("qwen2_vl"), agree_on_red_and_green, args=args, train_dataset=dataset)
+    trainer = VLMGRPOTrainer(
+        tiny_model(DEFAULT_FAMILY), agree_on_red_and_green, args=args, train_dataset=dataset
+    )
     trainer.train()
     logs = [e for e in trainer.state.log_history if "loss" in e]
     assert logs and all(math.isfinite(e["loss"]) for e in logs)

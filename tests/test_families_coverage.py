@@ -1,4 +1,4 @@
-"""The per-family checks that other test files run on a few original families, run on every family added since.
+"""The per-family checks that other test files run on a few core families, run on every other family.
 
 Tests that run over `FAMILIES` (training, shared prefix, frozen-vision reuse, vLLM payloads) cover the new families
 by themselves; these are the ones written for a chosen subset: several images per prompt, image and text-only
@@ -13,14 +13,16 @@ import pytest
 import test_multimodal_batches
 import test_vllm_payload
 import torch
-from conftest import FULL_ROW_FAMILIES, NEW_FAMILIES, color_dataset, grpo_args, length_reward
+from conftest import color_dataset, grpo_args, length_reward
 from peft import LoraConfig
 from test_vllm_payload import family_setup  # noqa: F401  (fixture)
 
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.adapters import language_linear_names
+from vlm_grpo.testing import families_with
 
-COVERED = NEW_FAMILIES + FULL_ROW_FAMILIES
+COVERED = families_with(core=False)
+"""Families the spot checks of other files do not pick (`TinyFamily.core`)."""
 
 
 @pytest.mark.parametrize("family", COVERED)

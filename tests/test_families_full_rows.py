@@ -1,4 +1,4 @@
-"""Families whose cache the shared prefix does not index (`indexable_cache = False`): Qwen3.5 and Qwen3.5 MoE.
+"""Families whose cache the shared prefix does not index (`indexable_cache = False`), such as Qwen3.5 and its MoE.
 
 Their Gated DeltaNet layers keep a convolution state and a recurrent state per row instead of keys and values. The
 trainer then runs full rows in every pass, whatever `share_prompt_prefix` says, with one log line. Here the tests
@@ -24,6 +24,7 @@ from test_vllm_payload import family_setup  # noqa: F401  (fixture)
 import vlm_grpo.trainer
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.models import get_model_family
+from vlm_grpo.testing import a_family_with
 
 
 @pytest.mark.parametrize("family", FULL_ROW_FAMILIES)
@@ -85,9 +86,9 @@ def test_every_pass_runs_full_rows_with_one_log_line(family, tiny_model, tmp_pat
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
 
 
-def test_qwen3_5_moe_trains_with_its_router_loss(tiny_model, tmp_path):
+def test_full_row_moe_trains_with_its_router_loss(tiny_model, tmp_path):
     trainer = VLMGRPOTrainer(
-        model=tiny_model("qwen3_5_moe"),
+        model=tiny_model(a_family_with(moe=True, indexable_cache=False)),
         reward_funcs=length_reward,
         args=grpo_args(tmp_path, router_aux_loss_coef=0.01),
         train_dataset=Dataset.from_list(color_rows(8)),

@@ -1,52 +1,61 @@
-"""Gemma 4: images train; audio and video entries are refused with one line; their tokens are never sampled."""
+"""A family that takes images only (Gemma 4): audio and video entries are refused with one line; their tokens are
+never sampled."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from conftest import color_rows
 
 from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.models import get_model_family
+from vlm_grpo.testing import a_family_with, tiny_family
+
+FAMILY = tiny_family(a_family_with(refused_inputs=True))
 
 
 @pytest.fixture(scope="module")
-def gemma4(tiny_model):
-    path = tiny_model("gemma4")
+def images_only(tiny_model):
+    path = tiny_model(FAMILY.name)
     family = get_model_family(path)
     return family, family.load_processor(path)
 
 
-@pytest.mark.parametrize("kind", ["audio", "video"])
-def test_audio_and_video_entries_are_refused(kind, gemma4):
-    family, processor = gemma4
+@pytest.mark.parametrize("kind", FAMILY.refused_inputs)
+def test_audio_and_video_entries_are_refused(kind, images_only):
+    family, processor = images_only
     messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": "What is it ?"}]}]
     with pytest.raises(
-        VLMGRPOError, match=rf"^Gemma 4 {kind} inputs are not supported .*only images and text"
+        VLMGRPOError,
+        match=rf"^{re.escape(FAMILY.title)} {kind} inputs are not supported .*only images and text",
     ) as info:
         family.encode_prompt(processor, messages, None)
     assert "\n" not in str(info.value)
 
 
-def test_audio_and_video_tokens_are_placeholders(gemma4, tiny_model):
+def test_audio_and_video_tokens_are_placeholders(images_only, tiny_model):
     from transformers import AutoConfig
 
-    family, processor = gemma4
-    placeholders = family.placeholder_token_ids(processor, AutoConfig.from_pretrained(tiny_model("gemma4")))
+    family, processor = images_only
+    placeholders = family.placeholder_token_ids(
+        processor, AutoConfig.from_pretrained(tiny_model(FAMILY.name))
+    )
     tokens = set(processor.tokenizer.convert_ids_to_tokens(placeholders))
-    assert {"<|image|>", "<|image>", "<image|>", "<|video|>", "<|audio|>", "<|audio>", "<audio|>"} <= tokens
+    assert FAMILY.placeholder_tokens and FAMILY.placeholder_tokens <= tokens
 
 
-def test_image_prompt_marks_image_tokens_for_bidirectional_attention(gemma4, tiny_model):
+def test_image_prompt_marks_image_tokens_for_bidirectional_attention(images_only, tiny_model):
     import torch
     from transformers import AutoConfig
     from trl.data_utils import prepare_multimodal_messages
 
-    family, processor = gemma4
+    family, processor = images_only
     row = color_rows(1, images_per_prompt=2)[0]
     encoded = family.encode_prompt(
         processor, prepare_multimodal_messages(row["prompt"], images=row["images"]), row["images"]
     )
-    config = AutoConfig.from_pretrained(tiny_model("gemma4"))
+    config = AutoConfig.from_pretrained(tiny_model(FAMILY.name))
     ids = torch.tensor([encoded.input_ids])
     inputs = family.model_inputs(config, ids, torch.ones_like(ids), [encoded.image_inputs])
     assert inputs["pixel_values"].shape[:2] == inputs["image_position_ids"].shape[:2]  # [images, patches]

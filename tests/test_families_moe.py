@@ -19,8 +19,9 @@ from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_fun
 
 import vlm_grpo.trainer
 from vlm_grpo import VLMGRPOTrainer
+from vlm_grpo.testing import families_with
 
-MOE_FAMILIES = ("qwen3_vl_moe", "internvl_moe", "glm4v_moe")
+MOE_FAMILIES = families_with(moe=True, indexable_cache=True)
 
 
 def spy_on_passes(trainer: VLMGRPOTrainer, monkeypatch) -> list[tuple[bool, int]]:
@@ -106,7 +107,7 @@ def test_aux_loss_of_the_training_pass_is_the_models_own(family, tiny_model, tmp
     torch.testing.assert_close(aux, expected, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl_moe"])
+@pytest.mark.parametrize("family", MOE_FAMILIES[:1])
 def test_loaded_config_declares_router_logits(family, tiny_model, tmp_path):
     """A config.json without `output_router_logits` (transformers 5.17 writes none) still gets the aux loss."""
     folder = tmp_path / family

@@ -29,6 +29,7 @@ from dist_helpers import (
 )
 
 from vlm_grpo.checkpoints import is_complete, latest_checkpoint, resolve_resume
+from vlm_grpo.testing import DEFAULT_FAMILY
 
 # The fault is injected in the step that starts at global step 2, after checkpoint-2 was written.
 FAIL_STEP = 2
@@ -50,7 +51,7 @@ def check_last_checkpoint_intact(out: Path, model: str) -> None:
 
 @pytest.mark.distributed
 def test_reward_raising_on_one_rank_stops_every_rank_with_one_line(tiny_model, tmp_path):
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     data = write_data(tmp_path / "data", ["image"] * 8)
     config = write_config(tmp_path, model, data, rewards=["dist_helpers.failing_reward"], max_steps=4)
     env = launch_env(tmp_path, VLM_GRPO_FAIL_RANK="1", VLM_GRPO_FAIL_STEP=str(FAIL_STEP))
@@ -77,7 +78,7 @@ def test_reward_raising_on_one_rank_stops_every_rank_with_one_line(tiny_model, t
 def test_failing_checkpoint_write_stops_with_one_line_and_keeps_the_last_checkpoint(
     tiny_model, tmp_path, written, limit
 ):
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     if limit is None:  # between the weights' size and the optimizer state's (Adam keeps 2 values per weight)
         limit = int((Path(model) / "model.safetensors").stat().st_size * 1.5)
     data = write_data(tmp_path / "data", ["image"] * 8)

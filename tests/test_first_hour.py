@@ -12,16 +12,17 @@ from test_bad_input import error_line
 from vlm_grpo import VLMGRPOTrainer, get_model_family
 from vlm_grpo.cli import main as cli_main
 from vlm_grpo.signal_watch import SignalWatch
-from vlm_grpo.testing import TINY_FAMILIES
+from vlm_grpo.testing import DEFAULT_FAMILY, TINY_FAMILIES, a_family_with, tiny_family
 
 
 def test_tiny_model_command_builds_a_trainable_folder(tmp_path, capsys):
-    cli_main(["tiny-model", "qwen2_5_vl", str(tmp_path / "tiny"), "--words", "Cola", "Pepsi"])
+    record = tiny_family(a_family_with(image_rule="grid", besides=[DEFAULT_FAMILY]))
+    cli_main(["tiny-model", record.name, str(tmp_path / "tiny"), "--words", "Cola", "Pepsi"])
     assert "--model_name_or_path" in capsys.readouterr().out
     family = get_model_family(str(tmp_path / "tiny"))
     tokenizer = family.load_processor(str(tmp_path / "tiny")).tokenizer
     assert (
-        family.model_type == "qwen2_5_vl"
+        family.model_type == record.model_type
         and tokenizer.convert_tokens_to_ids("Pepsi") != tokenizer.unk_token_id
     )
 
@@ -36,7 +37,7 @@ def test_tiny_model_help_lists_the_families(capsys):
 
 def test_tiny_model_refuses_an_unknown_family(tmp_path, capsys):
     line = error_line(capsys, "tiny-model", "qwen9", str(tmp_path / "tiny"))
-    assert "unknown family 'qwen9'" in line and "qwen2_5_vl" in line
+    assert "unknown family 'qwen9'" in line and DEFAULT_FAMILY in line
 
 
 def constant_reward(completions, **kwargs) -> list[float]:
@@ -47,7 +48,7 @@ def constant_reward(completions, **kwargs) -> list[float]:
 def test_no_learning_signal_is_said_once_then_every_n(tiny_model, tmp_path, caplog):
     args = grpo_args(tmp_path, max_steps=7, no_signal_warning_steps=3, no_signal_warning_every=2)
     trainer = VLMGRPOTrainer(
-        tiny_model("qwen2_vl"), constant_reward, args=args, train_dataset=color_dataset(8)
+        tiny_model(DEFAULT_FAMILY), constant_reward, args=args, train_dataset=color_dataset(8)
     )
     with caplog.at_level(logging.WARNING, logger="vlm_grpo.trainer"):
         trainer.train()
@@ -77,13 +78,13 @@ def test_paged_generation_is_refused_in_its_own_words(tmp_path, recwarn):
 
 def test_misspelt_reward_gets_a_suggestion_and_the_file(tiny_model, tmp_path, capsys):
     data = write_color_data(tmp_path / "data")
-    config = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data, rewards=["iuo"])
+    config = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), data, rewards=["iuo"])
     line = error_line(capsys, "train", str(config))
     assert str(config) in line and "'iuo' (did you mean 'iou'?)" in line
 
 
 def test_missing_data_config_names_the_training_yaml(tiny_model, tmp_path, capsys):
-    config = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), tmp_path / "nope.yaml")
+    config = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), tmp_path / "nope.yaml")
     line = error_line(capsys, "train", str(config))
     assert f"{config}: data_config" in line and "nope.yaml not found" in line
 
@@ -104,7 +105,7 @@ def test_resume_says_which_checkpoint(tiny_model, tmp_path, caplog):
     from vlm_grpo.train import main as train_main
 
     data = write_color_data(tmp_path / "data")
-    config = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), data, save_strategy="steps", save_steps=1)
+    config = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), data, save_strategy="steps", save_steps=1)
     train_main([str(config)])
     with caplog.at_level(logging.INFO, logger="vlm_grpo"):
         train_main([str(config), "--max_steps", "3", "--resume_from_checkpoint", "true"])
@@ -119,7 +120,7 @@ def lora_run(tiny_model, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("lora")
     data = write_color_data(folder / "data")
-    train_main([str(write_train_yaml(folder, tiny_model("qwen2_vl"), data, use_peft=True, max_steps=1))])
+    train_main([str(write_train_yaml(folder, tiny_model(DEFAULT_FAMILY), data, use_peft=True, max_steps=1))])
     return folder / "run", data
 
 
@@ -185,7 +186,7 @@ def test_train_command_is_quiet_and_ends_with_a_summary(tiny_model, tmp_path):
     data = write_color_data(tmp_path / "data")
     config = write_train_yaml(
         tmp_path,
-        tiny_model("qwen2_vl"),
+        tiny_model(DEFAULT_FAMILY),
         data,
         gradient_checkpointing=True,
         save_strategy="steps",
@@ -207,7 +208,7 @@ def test_option_cache_equals_the_parser(tiny_model, tmp_path):
     from vlm_grpo.option_cache import read_options
     from vlm_grpo.train import build_parser, parse_args, parser_options
 
-    config = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), write_color_data(tmp_path / "data"))
+    config = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), write_color_data(tmp_path / "data"))
     parse_args([str(config)])  # a full parse writes the cache
     assert read_options() == parser_options(build_parser())
 
@@ -219,7 +220,7 @@ def test_typos_are_refused_before_any_heavy_import(tiny_model, tmp_path):
 
     from vlm_grpo.train import parse_args
 
-    config = write_train_yaml(tmp_path, tiny_model("qwen2_vl"), write_color_data(tmp_path / "data"))
+    config = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), write_color_data(tmp_path / "data"))
     parse_args([str(config)])
     config.write_text(config.read_text().replace("learning_rate", "learnin_rate"))
     probe = (

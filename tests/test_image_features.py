@@ -11,6 +11,7 @@ from test_shared_prefix import G, rollout_batch
 
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.rollout import load_rows
+from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with
 
 
 def frozen_trainer(path, tmp_path, **overrides) -> VLMGRPOTrainer:
@@ -54,7 +55,7 @@ def test_reused_features_give_the_same_logps(family, share, tiny_model, tmp_path
 def test_one_vision_pass_per_image_per_generation_batch(tiny_model, tmp_path):
     """A whole step (generation, old and reference log-probs, two policy micro-batches) encodes each image once."""
     trainer = frozen_trainer(
-        tiny_model("qwen2_vl"), tmp_path, beta=0.04, max_steps=2, steps_per_generation=2, num_generations=G,
+        tiny_model(DEFAULT_FAMILY), tmp_path, beta=0.04, max_steps=2, steps_per_generation=2, num_generations=G,
         per_device_train_batch_size=6,
     )  # fmt: skip
     patches = []
@@ -76,7 +77,9 @@ def test_training_with_reuse_equals_training_without(tiny_model, tmp_path):
     runs = {}
     for reuse in (True, False):
         torch.manual_seed(0)
-        trainer = frozen_trainer(tiny_model("gemma3"), tmp_path / str(reuse), optim="sgd", beta=0.04)
+        trainer = frozen_trainer(
+            tiny_model(a_family_with(image_rule="fixed")), tmp_path / str(reuse), optim="sgd", beta=0.04
+        )
         if not reuse:
             trainer._image_features = None
         trainer.train()
@@ -86,7 +89,7 @@ def test_training_with_reuse_equals_training_without(tiny_model, tmp_path):
 
 
 def test_reuse_only_while_no_vision_parameter_trains(tiny_model, tmp_path):
-    path = tiny_model("qwen2_vl")
+    path = tiny_model(DEFAULT_FAMILY)
     full = VLMGRPOTrainer(path, length_reward, args=grpo_args(tmp_path), train_dataset=color_dataset(4))
     assert full._image_features is None  # the vision tower trains: its features change every step
     lora = VLMGRPOTrainer(

@@ -9,6 +9,7 @@ from conftest import color_dataset, grpo_args, length_reward
 
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.samples import read_samples, render_html
+from vlm_grpo.testing import DEFAULT_FAMILY
 
 TIMINGS = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step"]
 
@@ -22,7 +23,10 @@ def test_metrics_and_samples_of_a_run(tiny_model, tmp_path):
         log_samples_steps=1,
     )
     trainer = VLMGRPOTrainer(
-        model=tiny_model("qwen2_vl"), reward_funcs=length_reward, args=args, train_dataset=color_dataset(8)
+        model=tiny_model(DEFAULT_FAMILY),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=color_dataset(8),
     )
     trainer.train()
     logs = [e for e in trainer.state.log_history if "loss" in e]
@@ -64,7 +68,7 @@ def test_metrics_and_samples_of_a_run(tiny_model, tmp_path):
 
 def test_samples_off(tiny_model, tmp_path):
     trainer = VLMGRPOTrainer(
-        model=tiny_model("qwen2_vl"),
+        model=tiny_model(DEFAULT_FAMILY),
         reward_funcs=length_reward,
         args=grpo_args(tmp_path, max_steps=1, log_samples_steps=0),
         train_dataset=color_dataset(8),

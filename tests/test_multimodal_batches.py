@@ -8,9 +8,10 @@ from conftest import color_dataset, color_rows, grpo_args, length_reward
 
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.rollout import load_rows
+from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with, one_family_per_image_rule
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "internvl", "gemma3"])
+@pytest.mark.parametrize("family", one_family_per_image_rule())
 def test_two_images_per_prompt(family, tiny_model, tmp_path):
     trainer = VLMGRPOTrainer(
         model=tiny_model(family),
@@ -30,7 +31,9 @@ def test_two_images_per_prompt(family, tiny_model, tmp_path):
     assert any(not torch.equal(before[n], trainer.model.get_parameter(n)) for n in vision)
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+@pytest.mark.parametrize(
+    "family", [a_family_with(image_rule="grid", besides=[DEFAULT_FAMILY]), a_family_with(image_rule="fixed")]
+)
 def test_batch_mixing_image_and_text_only_prompts(family, tiny_model, tmp_path):
     trainer = VLMGRPOTrainer(
         model=tiny_model(family),
@@ -47,7 +50,7 @@ def test_batch_mixing_image_and_text_only_prompts(family, tiny_model, tmp_path):
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "internvl", "gemma3"])
+@pytest.mark.parametrize("family", one_family_per_image_rule())
 def test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_path):
     trainer = VLMGRPOTrainer(
         model=tiny_model(family),

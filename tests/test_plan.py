@@ -19,7 +19,13 @@ from PIL import Image
 from vlm_grpo.models import get_model_family
 from vlm_grpo.planner.architectures import PUBLISHED, load_model_config
 from vlm_grpo.planner.measure import _SavedBytes, _unpack, build_on_meta, count_parameters, token_costs
-from vlm_grpo.testing import TINY_FAMILIES
+from vlm_grpo.testing import (
+    DEFAULT_FAMILY,
+    TINY_FAMILIES,
+    a_family_with,
+    families_with,
+    one_family_per_image_rule,
+)
 
 PUBLISHED_TOTALS = {  # parameters as the publishers state them (model cards / hub listings)
     "Qwen/Qwen2-VL-2B-Instruct": 2_208_985_600,
@@ -61,7 +67,7 @@ def test_parameter_counts_equal_the_instantiated_model(family_name, tiny_model):
     assert counts.trainable == counts.total - counts.vision
 
 
-@pytest.mark.parametrize("family_name", ["qwen2_5_vl", "internvl", "gemma3"])
+@pytest.mark.parametrize("family_name", one_family_per_image_rule(besides=[DEFAULT_FAMILY]))
 def test_lora_trainable_count_equals_peft(family_name, tiny_model):
     from peft import LoraConfig, get_peft_model
 
@@ -82,7 +88,7 @@ def test_lora_trainable_count_equals_peft(family_name, tiny_model):
 def test_qlora_quantizes_the_linear_layers_bitsandbytes_converts(tiny_model):
     from vlm_grpo.adapters import qlora_quantization_config
 
-    path = tiny_model("qwen2_vl")
+    path = tiny_model(DEFAULT_FAMILY)
     model, family, _ = meta_model(path)
     real = family.load_model(path, quantization_config=qlora_quantization_config(torch.float32))
     quantized = [m for m in real.modules() if type(m).__name__ == "Linear4bit"]
@@ -107,7 +113,7 @@ def test_image_tokens_equal_the_processors_expansion(family_name, size, tiny_mod
     assert encoded.input_ids.count(config.image_token_id) == predicted
 
 
-@pytest.mark.parametrize("family_name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "internvl"])
+@pytest.mark.parametrize("family_name", families_with(core=True))
 def test_meta_activations_match_what_autograd_saves_on_cpu(family_name, tiny_model):
     path = tiny_model(family_name)
     model, family, config = meta_model(path)
@@ -211,7 +217,7 @@ def test_gradient_and_optimizer_terms_equal_a_real_adamw_step(lora, tiny_model):
     from vlm_grpo.adapters import language_linear_names, resolve_lora_config
     from vlm_grpo.planner.memory import Recipe, plan_memory
 
-    path = tiny_model("qwen2_5_vl")
+    path = tiny_model(a_family_with(image_rule="grid", besides=[DEFAULT_FAMILY]))
     model, family, _ = meta_model(path)
     real = family.load_model(path, dtype=torch.float32)
     targets = language_linear_names(model, family) if lora else None
@@ -235,7 +241,7 @@ def test_gradient_and_optimizer_terms_equal_a_real_adamw_step(lora, tiny_model):
     assert terms["optimizer states"] == sum(s.numel() * s.element_size() for s in states)
 
 
-@pytest.mark.parametrize("family_name", ["qwen2_vl", "gemma3", "internvl", "qwen3_5"])
+@pytest.mark.parametrize("family_name", [*one_family_per_image_rule(), a_family_with(indexable_cache=False)])
 def test_kv_cache_per_token_equals_a_real_forward(family_name, tiny_model):
     from vlm_grpo.planner.measure import _cache_bytes
 

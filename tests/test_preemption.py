@@ -34,6 +34,7 @@ from dist_helpers import (
 
 from vlm_grpo.checkpoints import is_complete, latest_checkpoint
 from vlm_grpo.preemption import EXIT_PREEMPTED, PreemptionCallback
+from vlm_grpo.testing import DEFAULT_FAMILY
 
 GATE_STEP = 2  # the signal lands inside the step that starts at global step 2: the run stops after step 3
 STOPPED = GATE_STEP + 1
@@ -84,7 +85,7 @@ def check_resumed(run, model: str, straight: Path, resumed: Path) -> None:
 
 
 def test_sigusr1_one_process_checkpoints_exits_75_and_resumes_exactly(tiny_model, tmp_path):
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     yamls = configs(tmp_path, model)
     python = [sys.executable, "-m", "vlm_grpo.train"]
     straight = launch([*python, str(yamls["straight"])], launch_env(tmp_path), tmp_path / "straight.log")
@@ -110,7 +111,7 @@ def test_sigusr1_one_process_checkpoints_exits_75_and_resumes_exactly(tiny_model
 @pytest.mark.distributed
 def test_sigterm_to_torchrun_stops_both_ddp_ranks_after_one_step_and_resumes_exactly(tiny_model, tmp_path):
     """`bash local_scripts/train_grpo.sh` (exec torchrun, 2 processes, DDP); SIGTERM to the launcher's process."""
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     yamls = configs(tmp_path, model)
     script = ["bash", str(ROOT / "local_scripts" / "train_grpo.sh")]
     launcher = {"NPROC_PER_NODE": "2", "DEEPSPEED": ""}

@@ -17,6 +17,7 @@ from conftest import write_color_data, write_train_yaml
 from safetensors.torch import load_file
 
 from vlm_grpo.checkpoints import is_complete, latest_checkpoint, mark_complete, resolve_resume
+from vlm_grpo.testing import DEFAULT_FAMILY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +57,7 @@ def test_killed_and_resumed_run_matches_uninterrupted_run(tiny_model, tmp_path):
         lr_scheduler_type="linear",
         seed=7,
     )
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
 
     straight = write_train_yaml(tmp_path, model, data, output_dir=str(tmp_path / "straight"), **common)
     straight = straight.rename(tmp_path / "straight.yaml")
@@ -127,7 +128,7 @@ def test_zero3_two_processes_resume_matches_uninterrupted_run(tiny_model, tmp_pa
 
     built = build_deepspeed_cpu_ops()
     assert built.returncode == 0, built.stdout[-3000:]
-    model = tiny_model("qwen2_vl")
+    model = tiny_model(DEFAULT_FAMILY)
     data = write_data(tmp_path / "data", ["image"] * 8)
 
     def torchrun(name: str, *extra: str):

@@ -26,6 +26,7 @@ from vlm_grpo.shared_prefix import (
     sharing_pays,
     shuffle_batch,
 )
+from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with, families_with
 
 G = 3  # completions per prompt in the hand-built batches
 SHARED = SharingPlan(generation=True, scoring=True, training=True)
@@ -117,9 +118,7 @@ def test_logps_entropies_and_gradients_match_full_forward(family, tiny_model, tm
         assert err <= 1e-5 * full.abs().max().item() + 1e-6 * scale, (name, err)
 
 
-@pytest.mark.parametrize(
-    "family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm46v", "glm4v_moe"]
-)
+@pytest.mark.parametrize("family", families_with(mrope=True, indexable_cache=True))
 def test_mrope_positions_equal_the_models_own(family, tiny_model, tmp_path):
     """M-RoPE positions computed once per distinct prompt (text after it filled in) equal the model's per-row rule.
 
@@ -206,7 +205,7 @@ def test_two_training_steps_match_unshared(family, tiny_model, tmp_path):
 
 def test_prompt_tokens_run_once_per_group(tiny_model, tmp_path):
     """Count what reaches the language model and the vision tower: shared = one prompt per group."""
-    trainer = make_trainer(tiny_model("qwen2_vl"), tmp_path)
+    trainer = make_trainer(tiny_model(DEFAULT_FAMILY), tmp_path)
     batch = rollout_batch(trainer, color_rows(6, text_only_every=3))
     model = trainer.model
     counts = {"tokens": 0, "vision": 0}
@@ -290,7 +289,9 @@ def test_shuffle_batch_moves_rows_as_trl_when_no_pass_shares():
     assert all(a is b for a, b in zip(ours["image_inputs"], stock["image_inputs"], strict=True))
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+@pytest.mark.parametrize(
+    "family", [a_family_with(image_rule="grid", besides=[DEFAULT_FAMILY]), a_family_with(image_rule="fixed")]
+)
 def test_gradient_checkpointing_keeps_the_shared_path_exact(family, tiny_model, tmp_path):
     """Under (non-reentrant) gradient checkpointing the prompt's cache survives the layers' backward replay."""
     trainer = make_trainer(tiny_model(family), tmp_path)
@@ -336,7 +337,7 @@ def test_share_prompt_prefix_auto_decides_per_batch(
     mode, max_completion_length, shares, tiny_model, tmp_path
 ):
     trainer = make_trainer(
-        tiny_model("qwen2_vl"), tmp_path, share_prompt_prefix=mode, max_completion_length=max_completion_length,
+        tiny_model(DEFAULT_FAMILY), tmp_path, share_prompt_prefix=mode, max_completion_length=max_completion_length,
         generation_kwargs={"min_new_tokens": max_completion_length},
     )  # fmt: skip
     batch = trainer._generate_and_score_completions(
@@ -380,7 +381,7 @@ def test_generation_options_that_need_full_rows(case, tiny_model, tmp_path, capl
 
         with caplog.at_level(logging.INFO, logger="vlm_grpo.trainer"):
             trainer = VLMGRPOTrainer(
-                model=tiny_model("qwen2_vl"),
+                model=tiny_model(DEFAULT_FAMILY),
                 reward_funcs=reward,
                 args=grpo_args(
                     tmp_path / str(share), share_prompt_prefix=share, generation_kwargs=kwargs, max_steps=1
@@ -422,7 +423,7 @@ def test_model_generation_config_reaches_the_decision(tiny_model, tmp_path):
     from transformers import GenerationConfig
 
     path = tmp_path / "model"
-    shutil.copytree(tiny_model("qwen2_vl"), path)
+    shutil.copytree(tiny_model(DEFAULT_FAMILY), path)
     config = GenerationConfig.from_pretrained(path)
     config.cache_implementation = "static"
     config.save_pretrained(path)
@@ -458,7 +459,7 @@ def test_evaluation_leaves_the_buffered_training_plan(tiny_model, tmp_path, monk
 
     monkeypatch.setattr(vlm_grpo.trainer, "shared_prefix_logps", shared)
     trainer = VLMGRPOTrainer(
-        model=tiny_model("qwen2_vl"),
+        model=tiny_model(DEFAULT_FAMILY),
         reward_funcs=length_reward,
         args=grpo_args(
             tmp_path, share_prompt_prefix="auto", steps_per_generation=2, max_completion_length=2,

@@ -8,10 +8,7 @@ from conftest import FAMILIES, FULL_ROW_FAMILIES, color_dataset, grpo_args, leng
 from transformers import AutoModelForImageTextToText
 
 from vlm_grpo import VLMGRPOTrainer, get_model_family
-
-# Parameters the architecture never uses in a forward pass: SigLIP's pooling head is unused by Gemma 3
-# (true of real checkpoints too), so it can get no gradient.
-NEVER_USED = {"gemma3": ("vision_tower.vision_model.head.",)}
+from vlm_grpo.testing import DEFAULT_FAMILY, one_family_per_image_rule, tiny_family
 
 
 def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -32,7 +29,7 @@ def test_two_steps_change_every_trainable_parameter(family, tiny_model, tmp_path
     )
     before = snapshot(trainer.model)
     trainer.train()
-    skip = NEVER_USED.get(family, ())
+    skip = tiny_family(family).unused_parameters  # the forward never uses them: they can get no gradient
     unchanged = [
         n
         for n, did in changed(before, trainer.model).items()
@@ -63,7 +60,7 @@ def test_freeze_vision_modules_keeps_vision_bit_identical(family, tiny_model, tm
     assert all(did[n] for n in language)
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "internvl", "gemma3"])
+@pytest.mark.parametrize("family", one_family_per_image_rule(besides=[DEFAULT_FAMILY]))
 def test_lora_trains_only_language_adapters(family, tiny_model, tmp_path):
     from peft import LoraConfig
 
@@ -97,7 +94,7 @@ def test_qlora_trains_4bit_model_on_cpu(tiny_model, tmp_path):
 
     args = grpo_args(tmp_path, model_init_kwargs={"quantization_config": qlora_quantization_config()})
     trainer = VLMGRPOTrainer(
-        model=tiny_model("qwen2_vl"),
+        model=tiny_model(DEFAULT_FAMILY),
         reward_funcs=length_reward,
         args=args,
         train_dataset=color_dataset(8),
@@ -114,7 +111,7 @@ def test_qlora_trains_4bit_model_on_cpu(tiny_model, tmp_path):
 
 @pytest.mark.parametrize("source", ["memory", "path"])
 def test_reference_model_with_beta(source, tiny_model, tmp_path):
-    path = tiny_model("qwen2_vl")
+    path = tiny_model(DEFAULT_FAMILY)
     model = AutoModelForImageTextToText.from_pretrained(path) if source == "memory" else path
     trainer = VLMGRPOTrainer(
         model=model,

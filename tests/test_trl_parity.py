@@ -32,6 +32,8 @@ from trl import GRPOConfig, GRPOTrainer
 from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer, get_model_family
 from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.rollout import is_truncated
+from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with, families_with, tiny_family
+from vlm_grpo.trainer_setup import trl_view_of
 
 COMMON = dict(
     max_steps=2,
@@ -93,7 +95,7 @@ THINKING_PREFIX = (
 @pytest.fixture(scope="module")
 def qwen(tiny_model):
     """`(model path, processor with a template that reads enable_thinking, placeholder ids)` of the tiny Qwen2-VL."""
-    path = tiny_model("qwen2_vl")
+    path = tiny_model(DEFAULT_FAMILY)
     family = get_model_family(path)
     processor = family.load_processor(path)
     processor.chat_template = THINKING_PREFIX + processor.chat_template
@@ -144,7 +146,7 @@ def test_one_step_matches_trl(case, qwen, tmp_path):
         torch.testing.assert_close(param, stock_params[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-ROLLOUT_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
+ROLLOUT_FAMILIES = families_with(core=True)
 SCHEDULES = {  # (steps_per_generation, num_iterations): each rollout feeds spg * iterations optimizer steps
     "one_step_per_rollout": (1, 1),
     "two_micro_batches": (2, 1),
@@ -252,7 +254,7 @@ def test_generate_samples_with_trls_settings(family, tiny_model, tmp_path, monke
     args = grpo_args(tmp_path, max_steps=1, temperature=0.9, share_prompt_prefix=True)
     trainer = VLMGRPOTrainer(tiny_model(family), length_reward, args=args, train_dataset=color_dataset(4))
     published = trainer.model.generation_config
-    assert published.do_sample or family not in ("qwen2_5_vl", "qwen3_vl", "gemma3")
+    assert published.do_sample or not tiny_family(family).sampling.get("do_sample")
     trainer.train()
     chosen = dict(
         do_sample=True, temperature=0.9, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -271,7 +273,7 @@ def test_evaluation_ends_completions_on_the_training_eos_ids(family, tiny_model,
 
 def test_cast_lm_head_to_fp32_as_trl_on_an_untied_model(tiny_model, tmp_path):
     options = dict(max_steps=2, beta=0.04, cast_lm_head_to_fp32=True)
-    path = tiny_model("internvl")  # InternVL's language model keeps its own LM head
+    path = tiny_model(a_family_with(tied_embeddings=False))  # the language model keeps its own LM head
     (stock, stock_seen), (ours, our_seen) = stock_and_ours(path, tmp_path, options)
     assert our_seen == stock_seen
     stock_params = dict(stock.model.named_parameters())
@@ -282,7 +284,7 @@ def test_cast_lm_head_to_fp32_as_trl_on_an_untied_model(tiny_model, tmp_path):
 def test_cast_lm_head_to_fp32_with_tied_embeddings(tiny_model, tmp_path):
     """Stock TRL 1.16 fails on a tied VLM (it looks for `model.model.embed_tokens`); ours computes the LM head of the
     policy and of the reference in float32 while the shared embedding's outputs keep the model's dtype."""
-    path = tiny_model("qwen2_vl")  # tied, as the 2B-4B Qwen-VL checkpoints
+    path = tiny_model(a_family_with(tied_embeddings=True))  # as the 2B-4B Qwen-VL checkpoints
     args = dict(
         max_steps=1, beta=0.04, cast_lm_head_to_fp32=True, model_init_kwargs={"dtype": torch.bfloat16}
     )
@@ -604,7 +606,7 @@ def test_vllm_placeholders_get_a_logit_bias(qwen, tmp_path):
         output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_importance_sampling_correction=False,
         generation_kwargs={"logit_bias": {7: 2.0}},
     )  # fmt: skip
-    with VLMGRPOTrainer._trl_view_of(args, builds_reference=False, placeholders=placeholders):
+    with trl_view_of(args, builds_reference=False, placeholders=placeholders):
         bias = args.generation_kwargs["logit_bias"]
     assert bias == {**{i: -100.0 for i in placeholders}, 7: 2.0}
     assert args.generation_kwargs == {"logit_bias": {7: 2.0}}  # restored for the user

@@ -7,10 +7,12 @@ import torch
 from conftest import color_rows
 from test_shared_prefix import logps_and_grads, make_trainer, rollout_batch
 
+from vlm_grpo.testing import DEFAULT_FAMILY
+
 
 @pytest.mark.parametrize("share", [False, True])
 def test_text_only_chunk_runs_vision_tower_without_changing_results(share, tiny_model, tmp_path):
-    trainer = make_trainer(tiny_model("qwen2_vl"), tmp_path)
+    trainer = make_trainer(tiny_model(DEFAULT_FAMILY), tmp_path)
     batch = rollout_batch(trainer, [color_rows(3, text_only_every=1)[i] for i in (0, 2)])  # text-only rows
     calls = {"vision": 0}
     hook = trainer.model.model.visual.register_forward_hook(

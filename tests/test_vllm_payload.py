@@ -9,6 +9,7 @@ from trl.data_utils import prepare_multimodal_messages
 
 from vlm_grpo.models import get_model_family
 from vlm_grpo.rollout import load_rows
+from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with, one_family_per_image_rule, tiny_family
 from vlm_grpo.vllm_payload import build_vllm_payload, vllm_generate_kwargs, vllm_prompt_inputs
 
 
@@ -55,7 +56,9 @@ def test_one_placeholder_per_image(family, images_per_prompt, family_setup):
         assert ids == processor.tokenizer(text, add_special_tokens=False)["input_ids"]
         expanded = expanded_ids(module, processor, row).input_ids
         assert expanded.count(image_token_id) > 2 * images_per_prompt  # the processor expands each image
-        if family.startswith("qwen"):  # the same prompt, up to the expansion of <|image_pad|>
+        if (
+            tiny_family(family).image_rule == "grid"
+        ):  # the same prompt, up to the expansion of the image token
             assert collapse_runs(expanded, image_token_id) == ids
 
 
@@ -70,7 +73,7 @@ def test_images_are_the_rows_own_objects_in_order(family, family_setup):
     assert payload.images[2][0] is single["image"]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "internvl", "gemma3"])
+@pytest.mark.parametrize("family", one_family_per_image_rule())
 def test_text_only_rows_get_no_images(family, family_setup):
     module, processor, _ = family_setup(family)
     token, token_id = module.prompt_image_token(processor)
@@ -86,7 +89,7 @@ def test_text_only_rows_get_no_images(family, family_setup):
 
 
 def test_group_copies_share_one_rendering(family_setup):
-    module, processor, _ = family_setup("qwen2_5_vl")
+    module, processor, _ = family_setup(a_family_with(image_rule="grid", besides=[DEFAULT_FAMILY]))
     row = color_rows(1)[0]
     shared = [expanded_ids(module, processor, row)] * 3  # the trainer's encoding, one object per group
     payload = build_vllm_payload(processor, module, load_rows([row] * 3), shared)
@@ -116,7 +119,7 @@ def test_expanded_placeholders_are_rejected(family, family_setup):
 
 
 def test_generate_kwargs_per_mode(family_setup):
-    module, processor, _ = family_setup("qwen2_vl")
+    module, processor, _ = family_setup(DEFAULT_FAMILY)
     rows = [r for r in color_rows(2, text_only_every=2) for _ in range(2)]  # G = 2 copies per prompt
     payload = build_vllm_payload(processor, module, load_rows(rows))
     expanded = [expanded_ids(module, processor, r).input_ids for r in rows]

@@ -12,52 +12,134 @@ chat template's default system turn, and tied embeddings where the small checkpo
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
-from ._common import DEFAULT_WORDS, ROLE_WORDS, TAG_TOKENS, UNK_TOKEN
-from .gemma3 import build_gemma3
-from .gemma4 import build_gemma4
-from .glm4v import VLLM_LOGPROB_GAPS as GLM4V_VLLM_GAPS
-from .glm4v import build_glm4v
-from .internvl import build_internvl
-from .internvl_moe import build_internvl_moe
-from .qwen import build_qwen
-from .qwen3_5 import VLLM_LOGPROB_GAPS as QWEN3_5_VLLM_GAPS
-from .qwen3_5 import build_qwen_moe
+from ._common import DEFAULT_WORDS, ROLE_WORDS, TAG_TOKENS, UNK_TOKEN, BuildOptions
+from .expectations import IMAGE_RULES, ChatLayout, TinyFamily
+from .gemma3 import GEMMA3
+from .gemma4 import GEMMA4
+from .glm4v import GLM4V, GLM4V_MOE, GLM46V
+from .internvl import INTERNVL
+from .internvl_moe import INTERNVL_MOE
+from .qwen import QWEN2_5_VL, QWEN2_VL, QWEN3_VL
+from .qwen3_5 import QWEN3_5, QWEN3_5_MOE, QWEN3_VL_MOE
 
-BUILDERS: dict[str, Callable[..., str]] = {
-    "qwen2_vl": partial(build_qwen, "qwen2_vl"),
-    "qwen2_5_vl": partial(build_qwen, "qwen2_5_vl"),
-    "qwen3_vl": partial(build_qwen, "qwen3_vl"),
-    "internvl": build_internvl,
-    "gemma3": build_gemma3,
-    "qwen3_vl_moe": partial(build_qwen_moe, "qwen3_vl_moe"),
-    "qwen3_5": partial(build_qwen_moe, "qwen3_5"),
-    "qwen3_5_moe": partial(build_qwen_moe, "qwen3_5_moe"),
-    "gemma4": build_gemma4,
-    "glm4v": partial(build_glm4v, family="glm4v"),
-    "glm46v": partial(build_glm4v, family="glm46v"),
-    "glm4v_moe": partial(build_glm4v, family="glm4v_moe"),
-    "internvl_moe": build_internvl_moe,
+FAMILIES: dict[str, TinyFamily] = {
+    record.name: record
+    for record in (
+        QWEN2_VL,
+        QWEN2_5_VL,
+        QWEN3_VL,
+        INTERNVL,
+        GEMMA3,
+        QWEN3_VL_MOE,
+        QWEN3_5,
+        QWEN3_5_MOE,
+        GEMMA4,
+        GLM4V,
+        GLM46V,
+        GLM4V_MOE,
+        INTERNVL_MOE,
+    )
 }
-"""The one place a tiny builder is registered: ``shape -> builder(out_dir, **kwargs)``."""
+"""The one place a tiny family is registered: its `TinyFamily` record, declared next to its builder, by name."""
 
-TINY_FAMILIES: tuple[str, ...] = tuple(BUILDERS)
-VLLM_LOGPROB_GAPS: dict[str, tuple[str, ...]] = {**GLM4V_VLLM_GAPS, **QWEN3_5_VLLM_GAPS}
-"""Tiny families whose vLLM log-probs are known to stay apart from the trainer's, and in which checks (`"sync"`,
-`"steps"`), as each builder's module records them."""
+TINY_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
 """Shapes ``build_tiny_model`` builds. Each is the ``model_type`` of the saved config, except ``internvl_moe``: an
 ``internvl`` model (InternVL3.5's MoE checkpoints) whose language model is a ``qwen3_moe`` mixture of experts."""
+BUILDERS: dict[str, Callable[..., str]] = {name: record.build for name, record in FAMILIES.items()}
+"""``shape -> builder(out_dir, **options)``, the options of `BuildOptions`."""
+VLLM_LOGPROB_GAPS: dict[str, tuple[str, ...]] = {
+    name: record.vllm_logprob_gaps for name, record in FAMILIES.items() if record.vllm_logprob_gaps
+}
+"""Tiny families whose vLLM log-probs are known to stay apart from the trainer's, and in which checks (`"sync"`,
+`"steps"`), as each family's record says."""
+DEFAULT_FAMILY: str = TINY_FAMILIES[0]
+"""The family a test that needs just some model trains on: the first registered."""
+
+
+def tiny_family(name: str) -> TinyFamily:
+    """The record of the tiny family ``name``.
+
+    Args:
+        name (`str`): one of ``TINY_FAMILIES``.
+
+    Raises:
+        `ValueError`: unknown ``name``.
+    """
+    if name not in FAMILIES:
+        raise ValueError(f"unknown tiny model family {name!r}; supported: {', '.join(TINY_FAMILIES)}")
+    return FAMILIES[name]
+
+
+def families_with(*, besides: Collection[str] = (), **properties: Any) -> tuple[str, ...]:
+    """Names of the tiny families whose records have every one of ``properties``, in registration order.
+
+    Args:
+        besides (`Collection[str]`, *optional*, defaults to `()`): families to leave out.
+        **properties (`Any`): `TinyFamily` attributes and their values (``indexable_cache=False``); a `bool` value
+            matches by truth (``refused_inputs=True``: the family refuses some input).
+    """
+
+    def matches(record: TinyFamily, name: str, wanted: Any) -> bool:
+        value = getattr(record, name)
+        return bool(value) == wanted if isinstance(wanted, bool) else value == wanted
+
+    return tuple(
+        name
+        for name, record in FAMILIES.items()
+        if name not in besides and all(matches(record, k, v) for k, v in properties.items())
+    )
+
+
+def a_family_with(*, besides: Collection[str] = (), **properties: Any) -> str:
+    """The first registered tiny family with every one of ``properties`` (see `families_with`).
+
+    Args:
+        besides (`Collection[str]`, *optional*, defaults to `()`): families to leave out.
+        **properties (`Any`): `TinyFamily` attributes and their values.
+
+    Raises:
+        `LookupError`: no family has them.
+    """
+    found = families_with(besides=besides, **properties)
+    if not found:
+        raise LookupError(f"no tiny family with {properties} besides {sorted(besides)}")
+    return found[0]
+
+
+def one_family_per_image_rule(*, besides: Collection[str] = (), **properties: Any) -> tuple[str, ...]:
+    """For each of ``IMAGE_RULES``, the first registered core family with that rule and ``properties``.
+
+    Args:
+        besides (`Collection[str]`, *optional*, defaults to `()`): families to leave out.
+        **properties (`Any`): further `TinyFamily` attributes and their values.
+    """
+    return tuple(
+        a_family_with(besides=besides, core=True, image_rule=rule, **properties) for rule in IMAGE_RULES
+    )
+
 
 __all__ = [
+    "BUILDERS",
+    "DEFAULT_FAMILY",
     "DEFAULT_WORDS",
+    "FAMILIES",
+    "IMAGE_RULES",
     "ROLE_WORDS",
     "TAG_TOKENS",
     "TINY_FAMILIES",
     "UNK_TOKEN",
     "VLLM_LOGPROB_GAPS",
+    "BuildOptions",
+    "ChatLayout",
+    "TinyFamily",
+    "a_family_with",
     "build_tiny_model",
+    "families_with",
+    "one_family_per_image_rule",
+    "tiny_family",
 ]
 
 
@@ -75,7 +157,7 @@ def build_tiny_model(
     """Build a tiny random model of ``family`` with tokenizer and processor, and save it to ``out_dir``.
 
     Args:
-        family (`str`): one of ``TINY_FAMILIES`` (the keys of ``BUILDERS``).
+        family (`str`): one of ``TINY_FAMILIES``.
         out_dir (`str | os.PathLike`): directory to write (created if missing, files overwritten).
         words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words (no whitespace),
             added after ``base_words``; duplicates are ignored.
@@ -96,14 +178,7 @@ def build_tiny_model(
     Raises:
         `ValueError`: unknown ``family``, or sizes the architectures cannot take.
     """
-    kwargs = {
-        "words": words,
-        "base_words": DEFAULT_WORDS if base_words is None else base_words,
-        "seed": seed,
-        "hidden_size": hidden_size,
-        "num_hidden_layers": num_hidden_layers,
-        "image_size": image_size,
-    }
-    if family not in BUILDERS:
-        raise ValueError(f"unknown tiny model family {family!r}; supported: {', '.join(TINY_FAMILIES)}")
-    return BUILDERS[family](out_dir, **kwargs)
+    return tiny_family(family).build(
+        out_dir, words=words, base_words=DEFAULT_WORDS if base_words is None else base_words, seed=seed,
+        hidden_size=hidden_size, num_hidden_layers=num_hidden_layers, image_size=image_size,
+    )  # fmt: skip

@@ -1,13 +1,14 @@
-"""Shared helpers for the tiny offline test models: word-level tokenizer, seeding, saving."""
+"""Shared helpers for the tiny offline test models: builder options, word-level tokenizer, seeding, saving."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
@@ -71,6 +72,45 @@ class TokenizerSpec:
 
     special_tokens: list[str]
     named_tokens: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """The options every tiny builder takes, as keyword arguments (``build_tiny_model``'s).
+
+    Args:
+        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words (no whitespace), added after
+            ``base_words``; duplicates are ignored.
+        base_words (`Sequence[str]`, *optional*, defaults to ``DEFAULT_WORDS``): the vocabulary before ``words``.
+        seed (`int`, *optional*, defaults to 0): seed of the random weights; the caller's torch RNG state is left
+            untouched.
+        hidden_size (`int`, *optional*, defaults to 64): text hidden size, a multiple of 8 (4 attention heads,
+            2 KV heads); vision towers are 32 wide with 2 heads.
+        num_hidden_layers (`int`, *optional*, defaults to 2): depth of both the text and the vision tower.
+        image_size (`int`, *optional*, defaults to 56): target image side in pixels, which each builder rounds to
+            its patch layout: a square image of this size gives 4 image tokens at the default.
+    """
+
+    words: Sequence[str] | None = None
+    base_words: Sequence[str] = DEFAULT_WORDS
+    seed: int = 0
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    image_size: int = 56
+
+    def tokenizer(
+        self, special_tokens: Sequence[str], named_tokens: dict[str, str], chat_template: str
+    ) -> tuple[PreTrainedTokenizerFast, dict[str, int]]:
+        """The family's word-level tokenizer over these words, and the id of each of its special tokens.
+
+        Args:
+            special_tokens (`Sequence[str]`): the family's control tokens, the first ids, in this order.
+            named_tokens (`dict[str, str]`): named tokens of the tokenizer (see `TokenizerSpec`).
+            chat_template (`str`): the family's chat template.
+        """
+        spec = TokenizerSpec(list(special_tokens), dict(named_tokens))
+        tokenizer = build_word_tokenizer(spec, self.words, chat_template, self.base_words)
+        return tokenizer, {token: token_id(tokenizer, token) for token in special_tokens}
 
 
 def build_word_tokenizer(
@@ -218,3 +258,42 @@ def save_all(
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return str(out_dir)
+
+
+def save_tiny(
+    out_dir: str | os.PathLike,
+    model_class: Callable[[Any], PreTrainedModel],
+    config: Any,
+    processor: ProcessorMixin,
+    options: BuildOptions,
+    *,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    bos_token_id: int | None = None,
+    sampling: dict | None = None,
+    init: Callable[[PreTrainedModel], None] | None = None,
+) -> str:
+    """Instantiate ``model_class(config)`` in float32 from ``options.seed`` and save it with ``processor``.
+
+    Args:
+        out_dir (`str | os.PathLike`): target directory (created if missing).
+        model_class (`Callable[[Any], PreTrainedModel]`): the model class.
+        config (`Any`): the model's config.
+        processor (`ProcessorMixin`): processor holding tokenizer, image/video processors and chat template.
+        options (`BuildOptions`): the builder's options (their ``seed`` seeds the weights).
+        eos_token_ids (`list[int]`): generation stop ids (see `save_all`).
+        pad_token_id (`int`): padding id.
+        bos_token_id (`int`, *optional*, defaults to `None`): begin-of-sequence id, when the family has one.
+        sampling (`dict`, *optional*, defaults to `None`): the published sampling fields (see `save_all`).
+        init (`Callable[[PreTrainedModel], None]`, *optional*, defaults to `None`): changes the fresh weights in
+            place, under the same seed (e.g. a projection initialised to zeros).
+
+    Returns:
+        `str`: ``str(out_dir)``.
+    """
+    with seeded(options.seed):
+        model = model_class(config).float().eval()
+        if init is not None:
+            with torch.no_grad():
+                init(model)
+    return save_all(out_dir, model, processor, eos_token_ids, pad_token_id, bos_token_id, sampling)

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import torch
 from safetensors.torch import load_file, save_file
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
 
-from ._common import (
-    DEFAULT_WORDS,
-    TokenizerSpec,
-    build_word_tokenizer,
-    check_sizes,
-    round_to_multiple,
-    save_all,
-    seeded,
-    token_id,
-)
+from ._common import BuildOptions, check_sizes, round_to_multiple, save_tiny
+from .expectations import ChatLayout, TinyFamily
 
 # Gemma 3 chat layout:
 #   <bos><start_of_turn>user\n{system}\n\n{content}<end_of_turn>\n<start_of_turn>model\n{content}<end_of_turn>\n
@@ -85,49 +76,36 @@ GEMMA3_NAMED_TOKENS = {
     "image_token": "<image_soft_token>",
 }
 
+GEMMA3_SAMPLING = {"cache_implementation": "hybrid", "do_sample": True, "top_k": 64, "top_p": 0.95}
+"""The sampling fields of gemma-3-*-it's generation_config.json."""
+
 PATCH_SIZE = 14
 VISION_WIDTH = 32
 VISION_HEADS = 2
 
 
-def build_gemma3(
-    out_dir: str | os.PathLike,
-    *,
-    words: Sequence[str] | None = None,
-    base_words: Sequence[str] = DEFAULT_WORDS,
-    seed: int = 0,
-    hidden_size: int = 64,
-    num_hidden_layers: int = 2,
-    image_size: int = 56,
-) -> str:
+def build_gemma3(out_dir: str | os.PathLike, **options: Any) -> str:
     """Build and save a tiny ``gemma3`` model with its processor.
+
+    The last text layer uses full attention, the others sliding-window attention (window 4096, wider than any test
+    prompt). ``image_size`` is the SigLIP input size, rounded to a multiple of ``2 * patch_size`` (28); every image
+    is resized to it and gives ``(image_size / 28) ** 2`` tokens (4 at 56) after the 2x2 average pooling of the
+    projector.
 
     Args:
         out_dir (`str | os.PathLike`): output directory.
-        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
-        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
-        seed (`int`, *optional*, defaults to 0): seed of the random weights.
-        hidden_size (`int`, *optional*, defaults to 64): text hidden size (4 heads, 2 KV heads).
-        num_hidden_layers (`int`, *optional*, defaults to 2): text and vision depth; the last text layer
-            uses full attention, the others sliding-window attention (window 4096, wider than any test prompt).
-        image_size (`int`, *optional*, defaults to 56): SigLIP input size, rounded to a multiple of
-            ``2 * patch_size`` (28); every image is resized to it and gives ``(image_size / 28) ** 2`` tokens
-            (4 at 56) after the 2x2 average pooling of the projector.
+        **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
         `str`: ``str(out_dir)``.
     """
+    o = BuildOptions(**options)
+    hidden_size, num_hidden_layers = o.hidden_size, o.num_hidden_layers
     head_dim = check_sizes(hidden_size, num_hidden_layers)
-    side = round_to_multiple(image_size, 2 * PATCH_SIZE)
+    side = round_to_multiple(o.image_size, 2 * PATCH_SIZE)
     mm_tokens_per_image = (side // (2 * PATCH_SIZE)) ** 2
 
-    tokenizer = build_word_tokenizer(
-        TokenizerSpec(GEMMA3_SPECIAL_TOKENS, dict(GEMMA3_NAMED_TOKENS)),
-        words,
-        GEMMA3_CHAT_TEMPLATE,
-        base_words,
-    )
-    ids = {tok: token_id(tokenizer, tok) for tok in GEMMA3_SPECIAL_TOKENS}
+    tokenizer, ids = o.tokenizer(GEMMA3_SPECIAL_TOKENS, GEMMA3_NAMED_TOKENS, GEMMA3_CHAT_TEMPLATE)
     pad_id, eos_id, bos_id, eot_id = ids["<pad>"], ids["<eos>"], ids["<bos>"], ids["<end_of_turn>"]
 
     image_processor = Gemma3ImageProcessor(size={"height": side, "width": side}, do_pan_and_scan=False)
@@ -172,20 +150,19 @@ def build_gemma3(
         image_token_index=ids["<image_soft_token>"],
         tie_word_embeddings=True,
     )
-    with seeded(seed):
-        model = Gemma3ForConditionalGeneration(config).float().eval()
-        # Gemma 3 initialises the vision->text projection to zeros, which would cut the vision tower
-        # off from the loss; give it small random values instead.
-        with torch.no_grad():
-            model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.02)
     # gemma-3-*-it: eos [<eos>, <end_of_turn>], and the sampling fields of its generation_config.json
-    sampling = {"cache_implementation": "hybrid", "do_sample": True, "top_k": 64, "top_p": 0.95}
-    save_all(
-        out_dir, model, processor, eos_token_ids=[eos_id, eot_id], pad_token_id=pad_id, bos_token_id=bos_id,
-        sampling=sampling,
+    save_tiny(
+        out_dir, Gemma3ForConditionalGeneration, config, processor, o, eos_token_ids=[eos_id, eot_id],
+        pad_token_id=pad_id, bos_token_id=bos_id, sampling=GEMMA3_SAMPLING, init=_random_projection,
     )  # fmt: skip
     _hub_layout(Path(out_dir) / "model.safetensors")
     return str(out_dir)
+
+
+def _random_projection(model: Gemma3ForConditionalGeneration) -> None:
+    """Gemma 3 initialises the vision->text projection to zeros, which would cut the vision tower off from the loss;
+    give it small random values instead."""
+    model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.02)
 
 
 def _hub_layout(weights: Path) -> None:
@@ -202,3 +179,32 @@ def _hub_layout(weights: Path) -> None:
         for k, v in tensors.items()
     }
     save_file(renamed, weights, metadata={"format": "pt"})
+
+
+GEMMA3 = TinyFamily(
+    name="gemma3",
+    build=build_gemma3,
+    title="Gemma 3",
+    architecture="Gemma3ForConditionalGeneration",
+    image_token="<image_soft_token>",
+    image_rule="fixed",
+    checkpoints=("gemma-3",),
+    core=True,
+    sampling=GEMMA3_SAMPLING,
+    # no unused parameters: the SigLIP tower is built without its pooling head (`vision_use_head=False`)
+    layout=ChatLayout(
+        turn_open="<start_of_turn>{role}\n",
+        turn_end="<end_of_turn>",
+        image="<start_of_image>",
+        vision_prefixes=("model.vision_tower.", "model.multi_modal_projector."),
+        bos="<bos>",
+        assistant_role="model",
+        system_turn=False,
+        config_tokens={
+            "image_token_index": "<image_soft_token>",
+            "boi_token_index": "<start_of_image>",
+            "eoi_token_index": "<end_of_image>",
+        },
+        video=False,
+    ),
+)

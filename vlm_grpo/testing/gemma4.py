@@ -9,7 +9,7 @@ trainer can keep them out of completions) but the model has no audio tower.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from typing import Any
 
 from transformers import (
     Gemma4AudioFeatureExtractor,
@@ -20,15 +20,8 @@ from transformers import (
     Gemma4VideoProcessor,
 )
 
-from ._common import (
-    DEFAULT_WORDS,
-    TokenizerSpec,
-    build_word_tokenizer,
-    check_sizes,
-    save_all,
-    seeded,
-    token_id,
-)
+from ._common import BuildOptions, check_sizes, save_tiny
+from .expectations import TinyFamily
 from .gemma3 import GEMMA3_CHAT_TEMPLATE
 
 GEMMA4_CHAT_TEMPLATE = GEMMA3_CHAT_TEMPLATE.replace("<start_of_image>", "<|image|>")
@@ -69,40 +62,24 @@ VISION_WIDTH = 32
 VISION_HEADS = 2
 
 
-def build_gemma4(
-    out_dir: str | os.PathLike,
-    *,
-    words: Sequence[str] | None = None,
-    base_words: Sequence[str] = DEFAULT_WORDS,
-    seed: int = 0,
-    hidden_size: int = 64,
-    num_hidden_layers: int = 2,
-    image_size: int = 56,
-) -> str:
+def build_gemma4(out_dir: str | os.PathLike, **options: Any) -> str:
     """Build and save a tiny ``gemma4`` model with its processor.
+
+    The last text layer uses full attention, the others sliding-window attention (window 4096, wider than any test
+    prompt). ``image_size`` is unused: the processor resizes every image (aspect kept) to at most 70 soft tokens of
+    3x3 patches of 4 pixels.
 
     Args:
         out_dir (`str | os.PathLike`): output directory.
-        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
-        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
-        seed (`int`, *optional*, defaults to 0): seed of the random weights.
-        hidden_size (`int`, *optional*, defaults to 64): text hidden size (4 heads, 2 KV heads).
-        num_hidden_layers (`int`, *optional*, defaults to 2): text and vision depth; the last text layer uses full
-            attention, the others sliding-window attention (window 4096, wider than any test prompt).
-        image_size (`int`, *optional*, defaults to 56): unused by the processor, which resizes every image (aspect
-            kept) to at most 70 soft tokens of 3x3 patches of 4 pixels; kept for the common builder signature.
+        **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
         `str`: ``str(out_dir)``.
     """
+    o = BuildOptions(**options)
+    hidden_size, num_hidden_layers = o.hidden_size, o.num_hidden_layers
     head_dim = check_sizes(hidden_size, num_hidden_layers)
-    tokenizer = build_word_tokenizer(
-        TokenizerSpec(GEMMA4_SPECIAL_TOKENS, dict(GEMMA4_NAMED_TOKENS)),
-        words,
-        GEMMA4_CHAT_TEMPLATE,
-        base_words,
-    )
-    ids = {tok: token_id(tokenizer, tok) for tok in GEMMA4_SPECIAL_TOKENS}
+    tokenizer, ids = o.tokenizer(GEMMA4_SPECIAL_TOKENS, GEMMA4_NAMED_TOKENS, GEMMA4_CHAT_TEMPLATE)
     pad_id, eos_id, bos_id, eot_id = ids["<pad>"], ids["<eos>"], ids["<bos>"], ids["<end_of_turn>"]
 
     sizes = {"patch_size": PATCH_SIZE, "pooling_kernel_size": POOLING, "max_soft_tokens": MAX_SOFT_TOKENS}
@@ -158,8 +135,23 @@ def build_gemma4(
         audio_token_id=ids["<|audio|>"],
         tie_word_embeddings=True,
     )
-    with seeded(seed):
-        model = Gemma4ForConditionalGeneration(config).float().eval()
-    return save_all(
-        out_dir, model, processor, eos_token_ids=[eot_id, eos_id], pad_token_id=pad_id, bos_token_id=bos_id
-    )
+    return save_tiny(
+        out_dir, Gemma4ForConditionalGeneration, config, processor, o, eos_token_ids=[eot_id, eos_id],
+        pad_token_id=pad_id, bos_token_id=bos_id,
+    )  # fmt: skip
+
+
+GEMMA4 = TinyFamily(
+    name="gemma4",
+    build=build_gemma4,
+    title="Gemma 4",
+    architecture="Gemma4ForConditionalGeneration",
+    image_token="<|image|>",
+    image_rule="fixed",
+    checkpoints=("gemma-4",),
+    fixed_image_tokens=64,  # the processor's budget of 70 soft tokens, as 8 x 8 pooled patches of a square image
+    refused_inputs=("audio", "video"),
+    placeholder_tokens=frozenset(
+        {"<|image|>", "<|image>", "<image|>", "<|video|>", "<|audio|>", "<|audio>", "<audio|>"}
+    ),
+)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from typing import Any
 
 from transformers import (
     GotOcr2ImageProcessor,
@@ -13,41 +13,15 @@ from transformers import (
     InternVLVideoProcessor,
 )
 
-from ._common import (
-    DEFAULT_WORDS,
-    TokenizerSpec,
-    build_word_tokenizer,
-    check_sizes,
-    round_to_multiple,
-    save_all,
-    seeded,
-    token_id,
-)
+from ._common import BuildOptions, check_sizes, round_to_multiple, save_tiny
+from .expectations import ChatLayout, TinyFamily
+from .qwen import QWEN_CHAT_TEMPLATE
 
 # Qwen chat layout; each image part is rendered as "<IMG_CONTEXT>\n", which InternVLProcessor expands to
 # "<img>" + "<IMG_CONTEXT>" * (image_seq_length * num_patches) + "</img>"; a video part is "<video>\n".
-INTERNVL_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string -%}"
-    "{{ message['content'] }}"
-    "{%- else -%}"
-    "{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
-    "{{ '<IMG_CONTEXT>\\n' }}"
-    "{%- elif part['type'] == 'video' or 'video' in part -%}"
-    "{{ '<video>\\n' }}"
-    "{%- elif 'text' in part -%}"
-    "{{ part['text'] }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{{ '<|im_end|>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    "{%- endif -%}"
-)
+INTERNVL_CHAT_TEMPLATE = QWEN_CHAT_TEMPLATE.replace(
+    "<|vision_start|><|image_pad|><|vision_end|>", "<IMG_CONTEXT>\\n"
+).replace("<|vision_start|><|video_pad|><|vision_end|>", "<video>\\n")
 
 INTERNVL_SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -75,43 +49,27 @@ VISION_WIDTH = 32
 VISION_HEADS = 2
 
 
-def build_internvl(
-    out_dir: str | os.PathLike,
-    *,
-    words: Sequence[str] | None = None,
-    base_words: Sequence[str] = DEFAULT_WORDS,
-    seed: int = 0,
-    hidden_size: int = 64,
-    num_hidden_layers: int = 2,
-    image_size: int = 56,
-) -> str:
+def build_internvl(out_dir: str | os.PathLike, **options: Any) -> str:
     """Build and save a tiny ``internvl`` model with its processor.
+
+    ``image_size`` is the tile size of the vision tower, rounded to a multiple of ``2 * patch_size`` (28); each tile
+    gives ``(image_size / 14) ** 2 / 4`` tokens (4 at 56). Images are cut into at most 2 tiles, plus a thumbnail
+    tile whenever there is more than one.
 
     Args:
         out_dir (`str | os.PathLike`): output directory.
-        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
-        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
-        seed (`int`, *optional*, defaults to 0): seed of the random weights.
-        hidden_size (`int`, *optional*, defaults to 64): text hidden size (4 heads, 2 KV heads).
-        num_hidden_layers (`int`, *optional*, defaults to 2): text and vision depth.
-        image_size (`int`, *optional*, defaults to 56): tile size of the vision tower, rounded to a multiple of
-            ``2 * patch_size`` (28); each tile gives ``(image_size / 14) ** 2 / 4`` tokens (4 at 56). Images are
-            cut into at most 2 tiles, plus a thumbnail tile whenever there is more than one.
+        **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
         `str`: ``str(out_dir)``.
     """
+    o = BuildOptions(**options)
+    hidden_size, num_hidden_layers = o.hidden_size, o.num_hidden_layers
     check_sizes(hidden_size, num_hidden_layers)
-    side = round_to_multiple(image_size, int(PATCH_SIZE / DOWNSAMPLE_RATIO))
+    side = round_to_multiple(o.image_size, int(PATCH_SIZE / DOWNSAMPLE_RATIO))
     image_seq_length = int((side // PATCH_SIZE) ** 2 * DOWNSAMPLE_RATIO**2)
 
-    tokenizer = build_word_tokenizer(
-        TokenizerSpec(INTERNVL_SPECIAL_TOKENS, dict(INTERNVL_NAMED_TOKENS)),
-        words,
-        INTERNVL_CHAT_TEMPLATE,
-        base_words,
-    )
-    ids = {tok: token_id(tokenizer, tok) for tok in INTERNVL_SPECIAL_TOKENS}
+    tokenizer, ids = o.tokenizer(INTERNVL_SPECIAL_TOKENS, INTERNVL_NAMED_TOKENS, INTERNVL_CHAT_TEMPLATE)
     pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
 
     image_processor = GotOcr2ImageProcessor(
@@ -160,8 +118,27 @@ def build_internvl(
         vision_feature_select_strategy="default",
         tie_word_embeddings=False,
     )
-    with seeded(seed):
-        model = InternVLForConditionalGeneration(config).float().eval()
-    return save_all(
-        out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
-    )
+    return save_tiny(
+        out_dir, InternVLForConditionalGeneration, config, processor, o, eos_token_ids=[eos_id, pad_id],
+        pad_token_id=pad_id,
+    )  # fmt: skip
+
+
+INTERNVL = TinyFamily(
+    name="internvl",
+    build=build_internvl,
+    title="InternVL",
+    architecture="InternVLForConditionalGeneration",
+    image_token="<IMG_CONTEXT>",
+    image_rule="tiles",
+    checkpoints=("InternVL",),
+    core=True,
+    tied_embeddings=False,
+    layout=ChatLayout(
+        turn_open="<|im_start|>{role}\n",
+        turn_end="<|im_end|>",
+        image="<IMG_CONTEXT>\n",
+        vision_prefixes=("model.vision_tower.", "model.multi_modal_projector."),
+        config_tokens={"image_token_id": "<IMG_CONTEXT>"},
+    ),
+)

@@ -13,26 +13,25 @@ from typing import Any
 
 from transformers import GenerationConfig, InternVLConfig, InternVLForConditionalGeneration, Qwen3MoeConfig
 
-from ._common import seeded
+from ._common import BuildOptions, seeded
+from .expectations import TinyFamily
 from .internvl import build_internvl
 
 NUM_EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 
 
-def build_internvl_moe(out_dir: str | os.PathLike, *, seed: int = 0, **kwargs: Any) -> str:
+def build_internvl_moe(out_dir: str | os.PathLike, **options: Any) -> str:
     """Build and save a tiny ``internvl`` model whose language model is a ``qwen3_moe`` mixture of experts.
 
     Args:
         out_dir (`str | os.PathLike`): output directory.
-        seed (`int`, *optional*, defaults to 0): seed of the random weights.
-        **kwargs: the other arguments of ``build_internvl`` (``words``, ``base_words``, ``hidden_size``,
-            ``num_hidden_layers``, ``image_size``).
+        **options (`Any`): the fields of `BuildOptions`, as ``build_internvl`` takes them.
 
     Returns:
         `str`: ``str(out_dir)``.
     """
-    build_internvl(out_dir, seed=seed, **kwargs)  # tokenizer, processor, generation config, dense weights
+    build_internvl(out_dir, **options)  # tokenizer, processor, generation config, dense weights
     config = InternVLConfig.from_pretrained(out_dir)
     dense = config.text_config
     config.text_config = Qwen3MoeConfig(
@@ -56,8 +55,22 @@ def build_internvl_moe(out_dir: str | os.PathLike, *, seed: int = 0, **kwargs: A
         tie_word_embeddings=False,
     )
     generation_config = GenerationConfig.from_pretrained(out_dir)
-    with seeded(seed):
+    with seeded(BuildOptions(**options).seed):
         model = InternVLForConditionalGeneration(config).float().eval()
     model.generation_config = generation_config
     model.save_pretrained(out_dir)  # replaces the dense weights and config
     return str(out_dir)
+
+
+INTERNVL_MOE = TinyFamily(
+    name="internvl_moe",
+    build=build_internvl_moe,
+    title="InternVL3.5 MoE",
+    architecture="InternVLForConditionalGeneration",
+    image_token="<IMG_CONTEXT>",
+    image_rule="tiles",
+    model_type="internvl",
+    checkpoints=("InternVL3_5-30B-A3B",),
+    tied_embeddings=False,
+    moe=True,
+)

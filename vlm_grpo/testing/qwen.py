@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from transformers import (
@@ -21,16 +22,8 @@ from transformers import (
     Qwen3VLVideoProcessor,
 )
 
-from ._common import (
-    DEFAULT_WORDS,
-    TokenizerSpec,
-    build_word_tokenizer,
-    check_sizes,
-    round_to_multiple,
-    save_all,
-    seeded,
-    token_id,
-)
+from ._common import BuildOptions, check_sizes, round_to_multiple, save_tiny
+from .expectations import ChatLayout, TinyFamily
 
 # Layout of the Qwen chat format:
 #   <|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]
@@ -123,47 +116,33 @@ def _mrope_section(head_dim: int, interleaved: bool) -> list[int]:
 
 
 def build_qwen(
-    family: str,
-    out_dir: str | os.PathLike,
-    *,
-    words: Sequence[str] | None = None,
-    base_words: Sequence[str] = DEFAULT_WORDS,
-    seed: int = 0,
-    hidden_size: int = 64,
-    num_hidden_layers: int = 2,
-    image_size: int = 56,
-    tie_word_embeddings: bool = True,
+    family: str, out_dir: str | os.PathLike, *, tie_word_embeddings: bool = True, **options: Any
 ) -> str:
     """Build and save a tiny ``qwen2_vl``, ``qwen2_5_vl`` or ``qwen3_vl`` model with its processor.
+
+    Images are resized to at most about ``image_size**2`` pixels, rounded to a multiple of ``patch_size * 2`` (patch
+    14 for Qwen2/2.5, 16 for Qwen3, where 56 -> 64).
 
     Args:
         family (`str`): ``"qwen2_vl"``, ``"qwen2_5_vl"`` or ``"qwen3_vl"``.
         out_dir (`str | os.PathLike`): output directory.
-        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words.
-        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): vocabulary before ``words``.
-        seed (`int`, *optional*, defaults to 0): seed of the random weights.
-        hidden_size (`int`, *optional*, defaults to 64): text hidden size (4 heads, 2 KV heads).
-        num_hidden_layers (`int`, *optional*, defaults to 2): text and vision depth.
-        image_size (`int`, *optional*, defaults to 56): images are resized to at most about
-            ``image_size**2`` pixels (rounded to a multiple of ``patch_size * 2``), so a square image of this
-            size gives 4 visual tokens at the defaults (patch 14 for Qwen2/2.5, 16 for Qwen3, where 56 -> 64).
         tie_word_embeddings (`bool`, *optional*, defaults to `True`): share the input embeddings with the LM head, as
             the 2B-4B checkpoints do; False as the 7B ones.
+        **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
         `str`: ``str(out_dir)``.
     """
+    o = BuildOptions(**options)
+    hidden_size, num_hidden_layers = o.hidden_size, o.num_hidden_layers
     head_dim = check_sizes(hidden_size, num_hidden_layers, NUM_HEADS)
     is_qwen3 = family == "qwen3_vl"
     patch_size, merge_size, temporal_patch_size = (16 if is_qwen3 else 14), 2, 2
     factor = patch_size * merge_size
-    side = round_to_multiple(image_size, factor)
+    side = round_to_multiple(o.image_size, factor)
 
     chat_template = QWEN_CHAT_TEMPLATE if is_qwen3 else QWEN2_CHAT_TEMPLATE
-    tokenizer = build_word_tokenizer(
-        TokenizerSpec(QWEN_SPECIAL_TOKENS, dict(QWEN_NAMED_TOKENS)), words, chat_template, base_words
-    )
-    ids = {tok: token_id(tokenizer, tok) for tok in QWEN_SPECIAL_TOKENS}
+    tokenizer, ids = o.tokenizer(QWEN_SPECIAL_TOKENS, QWEN_NAMED_TOKENS, chat_template)
     pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
 
     # Image budget: from one merged token (factor**2 pixels) up to side**2 pixels.
@@ -276,9 +255,56 @@ def build_qwen(
         )
         model_cls = Qwen3VLForConditionalGeneration
 
-    with seeded(seed):
-        model = model_cls(config).float().eval()
-    return save_all(
-        out_dir, model, processor, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=pad_id,
-        sampling=QWEN_SAMPLING[family],
+    return save_tiny(
+        out_dir, model_cls, config, processor, o, eos_token_ids=[eos_id, pad_id], pad_token_id=pad_id,
+        bos_token_id=pad_id, sampling=QWEN_SAMPLING[family],
     )  # fmt: skip
+
+
+QWEN_VISION_PREFIXES = ("model.visual.",)
+QWEN_CONFIG_TOKENS = {
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+}
+QWEN_LAYOUT = ChatLayout(
+    turn_open="<|im_start|>{role}\n",
+    turn_end="<|im_end|>",
+    image="<|vision_start|><|image_pad|><|vision_end|>",
+    vision_prefixes=QWEN_VISION_PREFIXES,
+    config_tokens=QWEN_CONFIG_TOKENS,
+)
+QWEN2_LAYOUT = replace(QWEN_LAYOUT, default_system="You are a helpful assistant.")
+QWEN3_LAYOUT = replace(QWEN_LAYOUT, presampled_video_kwargs={"do_sample_frames": False})
+"""Qwen3-VL's layout, which the Qwen3-VL MoE and Qwen3.5 builders share: its video processor samples frames."""
+
+
+def qwen_family(name: str, title: str, architecture: str, build: Any, **expectations: Any) -> TinyFamily:
+    """The record of a Qwen shape: Qwen's image token and grid of merged patches, and M-RoPE positions.
+
+    Args:
+        name (`str`): the shape's name.
+        title (`str`): its name in messages.
+        architecture (`str`): the model class saved in `config.json`.
+        build (`Any`): the builder taking the options of `BuildOptions`.
+        **expectations (`Any`): the other fields of `TinyFamily`.
+    """
+    return TinyFamily(
+        name=name, build=build, title=title, architecture=architecture, image_token="<|image_pad|>",
+        image_rule="grid", mrope=True, **expectations,
+    )  # fmt: skip
+
+
+def _qwen_vl(name: str, title: str, architecture: str, checkpoint: str, layout: ChatLayout) -> TinyFamily:
+    return qwen_family(
+        name, title, architecture, partial(build_qwen, name), checkpoints=(checkpoint,), core=True,
+        sampling=QWEN_SAMPLING[name], layout=layout,
+    )  # fmt: skip
+
+
+QWEN2_VL = _qwen_vl("qwen2_vl", "Qwen2-VL", "Qwen2VLForConditionalGeneration", "Qwen2-VL", QWEN2_LAYOUT)
+QWEN2_5_VL = _qwen_vl(
+    "qwen2_5_vl", "Qwen2.5-VL", "Qwen2_5_VLForConditionalGeneration", "Qwen2.5-VL", QWEN2_LAYOUT
+)
+QWEN3_VL = _qwen_vl("qwen3_vl", "Qwen3-VL", "Qwen3VLForConditionalGeneration", "Qwen3-VL-8B", QWEN3_LAYOUT)
