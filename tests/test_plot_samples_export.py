@@ -17,13 +17,14 @@ from vlm_grpo.export import export_merged
 from vlm_grpo.plot import find_trainer_state, load_log_history, plot_run, plot_title
 from vlm_grpo.sample_log import samples_path, write_samples
 from vlm_grpo.samples import read_samples, render_html
+from vlm_grpo.testing import DEFAULT_FAMILY
 
 # ------------------------------------------------------------------------------------------------------ plot
 
 
 def test_plot_run_of_a_real_training_run(tiny_model, tmp_path):
     trainer = VLMGRPOTrainer(
-        model=tiny_model("qwen2_vl"),
+        model=tiny_model(DEFAULT_FAMILY),
         reward_funcs=length_reward,
         args=grpo_args(tmp_path, beta=0.1),
         train_dataset=color_dataset(8),
@@ -176,7 +177,7 @@ def test_export_merges_lora_exactly(tiny_model, tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    base_path = tiny_model("qwen2_vl")
+    base_path = tiny_model(DEFAULT_FAMILY)
     module = get_model_family(base_path)
     processor = module.load_processor(base_path)
     row = color_rows(1)[0]
@@ -211,7 +212,7 @@ def test_export_merges_lora_exactly(tiny_model, tmp_path):
 
 
 def test_export_refuses_a_missing_adapter(tiny_model, tmp_path, capsys):
-    base_path = tiny_model("qwen2_vl")
+    base_path = tiny_model(DEFAULT_FAMILY)
     capsys.readouterr()  # drop the output of building the tiny model
     args = ["--model", base_path, "--adapter", str(tmp_path / "nope"), "--out", str(tmp_path / "merged")]
     with pytest.raises(SystemExit) as exit_info:
@@ -291,3 +292,41 @@ def test_samples_page_of_the_last_steps_only(tmp_path):
         write_samples(samples_path(tmp_path, step), [_record(step, [])])
     page = render_html(tmp_path, tmp_path / "last.html", last=2).read_text()
     assert "step1 answer" not in page and "step2 answer" in page and "step3 answer" in page
+
+
+def test_samples_page_keeps_a_bounded_number_of_groups_and_small_images(tmp_path):
+    import base64
+    import io
+    import re
+
+    import numpy as np
+
+    from vlm_grpo.samples import IMAGE_BYTES, MAX_GROUPS
+    from vlm_grpo.samples import main as samples_main
+
+    noise = np.random.default_rng(0).integers(100, 151, (112, 112, 3)).astype(np.uint8)
+    Image.fromarray(noise).save(tmp_path / "noise.png")
+    many = [_record(1, [str(tmp_path / "noise.png")]) for _ in range(MAX_GROUPS + 4)]
+    for i, record in enumerate(many):
+        record["completions"] = [f"group {i} answer", "other"]
+    write_samples(samples_path(tmp_path, 1), many)
+    write_samples(samples_path(tmp_path, 2), [_record(2, []) for _ in range(3)])
+
+    page = render_html(tmp_path).read_text()
+    assert page.count('class="group"') == MAX_GROUPS + 3
+    assert f"group {MAX_GROUPS - 1} answer" in page and f"group {MAX_GROUPS} answer" not in page
+    assert page.count(f"{MAX_GROUPS} of {MAX_GROUPS + 4} prompt groups of this step shown") == 1
+    assert page.count("prompt groups of this step shown") == 1  # step 2 shows all of its 3
+    uris = re.findall(r"data:image/(png|jpeg);base64,([A-Za-z0-9+/=]+)", page)
+    assert len(uris) == MAX_GROUPS
+    for _, data in uris:  # a noisy image: re-encoded well under its lossless size, still 384 pixels a side
+        assert len(base64.b64decode(data)) <= 2 * IMAGE_BYTES
+        with Image.open(io.BytesIO(base64.b64decode(data))) as image:
+            assert image.size == (384, 384)
+
+    assert render_html(tmp_path, max_groups=None).read_text().count('class="group"') == MAX_GROUPS + 7
+    samples_main([str(tmp_path), "--output", str(tmp_path / "all.html"), "--max_groups", "0"])
+    assert "shown" not in (tmp_path / "all.html").read_text()
+    samples_main([str(tmp_path), "--output", str(tmp_path / "two.html"), "--max_groups", "2", "--last", "1"])
+    two = (tmp_path / "two.html").read_text()
+    assert two.count('class="group"') == 2 and "2 of 3 prompt groups of this step shown" in two

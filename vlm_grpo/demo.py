@@ -18,32 +18,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .demos.brand import run_brand
-from .demos.colour import run_colour
-from .demos.grounding import run_grounding
-from .demos.segments import run_segments
+from .demos import brand, colour, grounding, segments
 
 TASKS: dict[str, tuple[Callable[..., dict[str, Any]], str]] = {
-    "colour": (run_colour, "runs/demo"),
-    "grounding": (run_grounding, "runs/demo-grounding"),
-    "brand": (run_brand, "runs/demo-brand"),
-    "math": (run_segments, "runs/demo-math"),
+    "colour": (colour.run_colour, colour.TASK.output_dir),
+    "grounding": (grounding.run_grounding, grounding.TASK.output_dir),
+    "brand": (brand.run_brand, brand.TASK.output_dir),
+    "math": (segments.run_segments, segments.TASK.output_dir),
 }
-"""Demo tasks by name: the function that runs one and its default output folder."""
+"""Demo tasks by name: the function that runs one (`vlm_grpo.demos.common.run_task` on the task's `DemoTask`)
+and its default output folder."""
 
 
 def run_demo(output_dir: str = "runs/demo", max_steps: int = 500, seed: int = 0) -> dict[str, Any]:
-    """The colour demo (kept under its historical name): build, evaluate, train, evaluate.
-
-    Args:
-        output_dir (`str`, *optional*, defaults to `"runs/demo"`): where everything goes.
-        max_steps (`int`, *optional*, defaults to 500): GRPO steps.
-        seed (`int`, *optional*, defaults to 0): seed of data, model and training.
-
-    Returns:
-        `dict`: `{"before": report, "after": report, "train_seconds": float, ...}`.
-    """
-    return run_colour(output_dir, max_steps=max_steps, seed=seed)
+    """The colour demo (`vlm_grpo.demos.colour.run_colour`), kept under its historical name."""
+    return colour.run_colour(output_dir, max_steps=max_steps, seed=seed)
 
 
 def summary(task: str, result: dict[str, Any], seconds: float) -> str:

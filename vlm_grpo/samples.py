@@ -2,6 +2,11 @@
 
 vlm-grpo samples runs/demo                      writes runs/demo/samples.html
 vlm-grpo samples runs/demo --output view.html
+vlm-grpo samples runs/demo --last 1 --max_groups 4    the last logged step, its first 4 prompt groups
+
+A page shows the first `--max_groups` prompt groups of each logged step (default 8; under a step with more, a line
+says how many of how many are shown), and embeds each image as a PNG, or, when the PNG is large, as the smaller of
+a 256-colour PNG and a JPEG: a page of a few steps stays small enough to keep in git.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import base64
 import html
 import io
+import itertools
 import json
 import math
 import sys
@@ -21,8 +27,14 @@ from .errors import VLMGRPOError, run_cli
 from .sample_log import SAMPLE_FILE, SAMPLES_DIR
 
 DEFAULT_OUTPUT = "samples.html"
+MAX_GROUPS = 8
+"""Prompt groups shown per logged step by default (the first ones of the step's file)."""
 IMAGE_SIDE = 384
 """Long side of every inline image, in pixels: larger ones are shrunk, small ones enlarged (nearest pixel)."""
+IMAGE_BYTES = 12_000
+"""Largest PNG embedded as it is; a larger image is embedded as the smaller of a 256-colour PNG (synthetic
+images stay sharp) and a JPEG of quality `JPEG_QUALITY` (photographs stay small)."""
+JPEG_QUALITY = 80
 SOLUTION_COLOR = (0, 160, 0)
 BOX_COLORS = ((30, 90, 230), (230, 140, 0), (150, 40, 200), (0, 170, 170), (200, 0, 120), (120, 80, 30))
 """Colours of the predicted boxes of completions 0, 1, 2, ... (cycled); the solution box is green."""
@@ -85,14 +97,15 @@ def read_samples(run_dir: str | Path) -> list[dict[str, Any]]:
 def image_data_uri(
     path: str | Path, side: int = IMAGE_SIDE, boxes: Sequence[tuple[Sequence[float], tuple]] = ()
 ) -> str:
-    """The image at `path` as a PNG data URI, scaled so that its long side is `side` pixels, boxes drawn on it.
+    """The image at `path` as a data URI (see `encode_image`), scaled so that its long side is `side` pixels, boxes
+    drawn on it.
 
     Args:
         path (`str | Path`): image file.
-        side (`int`, defaults to 384): long side in pixels after scaling (small images are enlarged pixel by pixel,
-            so that a 56-pixel image stays readable).
-        boxes (`Sequence[tuple[box, colour]]`, defaults to none): boxes `[x1, y1, x2, y2]` in pixels of the
-            original image, each drawn as a rectangle of its RGB colour.
+        side (`int`, *optional*, defaults to `384`): long side in pixels after scaling (small images are enlarged
+            pixel by pixel, so that a 56-pixel image stays readable).
+        boxes (`Sequence[tuple[box, colour]]`, *optional*, defaults to `()`): boxes `[x1, y1, x2, y2]` in pixels of
+            the original image, each drawn as a rectangle of its RGB colour.
 
     Raises:
         OSError: the file is missing or not an image PIL can read (`PIL.UnidentifiedImageError`).
@@ -108,9 +121,35 @@ def image_data_uri(
     for box, colour in boxes:
         x1, y1, x2, y2 = (v * scale for v in box)
         draw.rectangle([min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2)], outline=colour, width=3)
+    return encode_image(shown)
+
+
+def _saved(image: Any, **options: Any) -> bytes:
     buffer = io.BytesIO()
-    shown.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    image.save(buffer, **options)
+    return buffer.getvalue()
+
+
+def encode_image(image: Any) -> str:
+    """A PIL image as a data URI: PNG when that takes at most `IMAGE_BYTES`, otherwise the smaller of a 256-colour
+    PNG and (for an image with no transparency) a JPEG of quality `JPEG_QUALITY`.
+
+    Args:
+        image (`PIL.Image.Image`): an RGB or RGBA image.
+
+    Returns:
+        `str`: `data:image/png;base64,...` or `data:image/jpeg;base64,...`.
+    """
+    from PIL import Image
+
+    encoded = [("png", _saved(image, format="PNG"))]
+    if len(encoded[0][1]) > IMAGE_BYTES:
+        palette = image.quantize(256, method=Image.Quantize.FASTOCTREE)
+        encoded = [("png", _saved(palette, format="PNG", optimize=True))]
+        if image.mode == "RGB":
+            encoded.append(("jpeg", _saved(image, format="JPEG", quality=JPEG_QUALITY)))
+    kind, data = min(encoded, key=lambda item: len(item[1]))
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode("ascii")
 
 
 def record_boxes(record: dict[str, Any]) -> tuple[list[float] | None, list[list[float] | None]]:
@@ -204,13 +243,27 @@ def _group_html(record: dict[str, Any], run_dir: Path, cache: dict[str, str]) ->
     return "\n".join(parts)
 
 
-def render_html(run_dir: str | Path, output: str | Path | None = None, last: int | None = None) -> Path:
+def shown_note(shown: int, total: int) -> str:
+    """The line under a step's heading when the page shows only `shown` of its `total` prompt groups."""
+    return f"<p>{shown} of {total} prompt groups of this step shown</p>"
+
+
+def render_html(
+    run_dir: str | Path,
+    output: str | Path | None = None,
+    last: int | None = None,
+    max_groups: int | None = MAX_GROUPS,
+) -> Path:
     """Write a static, self-contained HTML page of a run's samples (images embedded as data URIs).
 
     Args:
         run_dir (`str | Path`): the run's `output_dir`.
-        output (`str | Path | None`, defaults to None): the page to write; None means `RUN_DIR/samples.html`.
-        last (`int | None`, defaults to None): only the last `last` logged steps; None means every step.
+        output (`str | Path | None`, *optional*, defaults to `None`): the page to write; `None` means
+            `RUN_DIR/samples.html`.
+        last (`int | None`, *optional*, defaults to `None`): only the last `last` logged steps; `None` means every
+            step.
+        max_groups (`int | None`, *optional*, defaults to `MAX_GROUPS`): at most this many prompt groups of each
+            step, the first ones (the page says how many of how many it shows); `None` means every group.
 
     Returns:
         `Path`: the page written.
@@ -240,12 +293,13 @@ def render_html(run_dir: str | Path, output: str | Path | None = None, last: int
     )
     body = [f"<h1>{html.escape(title)}</h1>"]
     cache: dict[str, str] = {}
-    step = object()
-    for record in records:
-        if record.get("step") != step:
-            step = record.get("step")
-            body.append(f"<h2>step {html.escape(str(step))}</h2>")
-        body.append(_group_html(record, run_dir, cache))
+    for step, group in itertools.groupby(records, key=lambda r: r.get("step")):
+        group = list(group)
+        body.append(f"<h2>step {html.escape(str(step))}</h2>")
+        if max_groups and 0 < max_groups < len(group):
+            body.append(shown_note(max_groups, len(group)))
+            group = group[:max_groups]
+        body.extend(_group_html(record, run_dir, cache) for record in group)
     page = (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
@@ -268,8 +322,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--last", type=int, default=None, help="only the last N logged steps (a smaller page)"
     )
+    parser.add_argument(
+        "--max_groups",
+        type=int,
+        default=MAX_GROUPS,
+        help=f"at most N prompt groups of each step (default {MAX_GROUPS}); 0: every group",
+    )
     args = parser.parse_args(argv)
-    output = render_html(args.run_dir, args.output, last=args.last)
+    output = render_html(args.run_dir, args.output, last=args.last, max_groups=args.max_groups or None)
     print(output)
 
 

@@ -1,8 +1,8 @@
 """Data loading for GRPO training of vision-language models.
 
-:func:`load_data_config` reads a YAML data config that mixes VLM-R1 JSON/JSONL files and verl/EasyR1
-parquet files into one ``datasets.Dataset`` of TRL conversational prompts with lazily decoded images.
-Invalid configs or data raise :class:`DataConfigError`.
+`load_data_config` reads a YAML data config that mixes VLM-R1 JSON/JSONL files and verl/EasyR1
+parquet files into one `datasets.Dataset` of TRL conversational prompts with lazily decoded images.
+Invalid configs or data raise `DataConfigError`.
 """
 
 from .config import DataConfig, DataEntry, parse_data_config

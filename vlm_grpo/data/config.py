@@ -14,8 +14,8 @@ The config lists data files and how to sample them::
       - parquet_path: geo3k_train.parquet
         prompt_template: "{problem}"   # per-entry prompt_template / system_prompt / on_missing_image
 
-Relative ``json_path``, ``parquet_path`` and ``image_root`` values resolve against the YAML file's
-folder. An entry's image root is its own ``image_root``, else the top-level one, else the data file's
+Relative `json_path`, `parquet_path` and `image_root` values resolve against the YAML file's
+folder. An entry's image root is its own `image_root`, else the top-level one, else the data file's
 folder. Unknown keys are errors, so a typo is never silently ignored.
 """
 
@@ -44,26 +44,26 @@ ENTRY_KEYS = (
 ON_MISSING_IMAGE = ("error", "skip")
 
 ErrorFactory = Callable[[str, str], DataConfigError]
-"""Builds the error about a key: ``(key, message) -> DataConfigError``."""
+"""Builds the error about a key: `(key, message) -> DataConfigError`."""
 
 
 @dataclass(frozen=True)
 class DataEntry:
-    """One validated entry of the ``datasets`` list.
+    """One validated entry of the `datasets` list.
 
     Attributes:
-        index (int): 0-based position in the ``datasets`` list.
-        path (str): Absolute path of the data file.
-        kind (str): ``"json"``, ``"jsonl"`` or ``"parquet"``.
-        image_root (str): Absolute folder that relative image paths of this entry resolve against.
-        sampling (SamplingStrategy | None): How to pick records; ``None`` keeps all of them.
-        prompt_template (str | None): Template applied with ``str.format_map`` on each record; ``None`` uses
+        index (`int`): 0-based position in the `datasets` list.
+        path (`str`): Absolute path of the data file.
+        kind (`str`): `"json"`, `"jsonl"` or `"parquet"`.
+        image_root (`str`): Absolute folder that relative image paths of this entry resolve against.
+        sampling (`SamplingStrategy | None`): How to pick records; `None` keeps all of them.
+        prompt_template (`str | None`): Template applied with `str.format_map` on each record; `None` uses
             the problem text as is.
-        system_prompt (str | None): System message text, or ``None`` for no system message.
-        on_missing_image (str): ``"error"`` or ``"skip"``.
-        name (str): The ``source`` value of this entry's rows.
-        template_origin (str, default ``"the top-level prompt_template"``): where ``prompt_template`` was
-            written, for messages.
+        system_prompt (`str | None`): System message text, or `None` for no system message.
+        on_missing_image (`str`): `"error"` or `"skip"`.
+        name (`str`): The `source` value of this entry's rows.
+        template_origin (`str`, *optional*, defaults to `"the top-level prompt_template"`): where
+            `prompt_template` was written, for messages.
     """
 
     index: int
@@ -83,8 +83,8 @@ class DataConfig:
     """A validated data config.
 
     Attributes:
-        path (str): Absolute path of the YAML file.
-        entries (tuple[DataEntry, ...]): The entries, in YAML order.
+        path (`str`): Absolute path of the YAML file.
+        entries (`tuple[DataEntry, ...]`): The entries, in YAML order.
     """
 
     path: str
@@ -133,10 +133,10 @@ def parse_data_config(path: str | os.PathLike) -> DataConfig:
     """Read and validate a YAML data config; reads no data file.
 
     Args:
-        path (str | os.PathLike): Path of the YAML file.
+        path (`str | os.PathLike`): Path of the YAML file.
 
     Returns:
-        DataConfig: The validated config, with all paths absolute.
+        `DataConfig`: The validated config, with all paths absolute.
 
     Raises:
         DataConfigError: The file is missing or is not valid YAML, a key is unknown, a value has the wrong

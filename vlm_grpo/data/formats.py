@@ -2,23 +2,23 @@
 
 Detection rule, applied to each record on its own:
 
-1. A record with a ``conversations`` field is a *conversation* record (VLM-R1 JSONL): ``conversations`` is
-   ``[{"from": "human", "value": "<image>\\nWhat ..."}, {"from": "gpt", "value": "..."}]`` (``user`` and
-   ``assistant`` are accepted as role names); the human value becomes ``problem`` and the gpt value becomes
-   ``solution``.
-2. Otherwise the record must have ``problem`` and is a *problem* record: VLM-R1 JSON (``problem`` +
-   ``solution``) or verl/EasyR1 parquet (``problem`` + ``answer``). ``solution`` is used when present, else
-   ``answer`` (which is then not kept as a separate field).
+1. A record with a `conversations` field is a *conversation* record (VLM-R1 JSONL): `conversations` is
+   `[{"from": "human", "value": "<image>\\nWhat ..."}, {"from": "gpt", "value": "..."}]` (`user` and
+   `assistant` are accepted as role names); the human value becomes `problem` and the gpt value becomes
+   `solution`.
+2. Otherwise the record must have `problem` and is a *problem* record: VLM-R1 JSON (`problem` +
+   `solution`) or verl/EasyR1 parquet (`problem` + `answer`). `solution` is used when present, else
+   `answer` (which is then not kept as a separate field).
 
-In both, images come from ``image`` or ``images`` (at most one of them): ``None``, a path, raw bytes, a
-``{"bytes", "path"}`` mapping, or a list of these (see :mod:`vlm_grpo.data.images`).
+In both, images come from `image` or `images` (at most one of them): `None`, a path, raw bytes, a
+`{"bytes", "path"}` mapping, or a list of these (see `vlm_grpo.data.images`).
 
-``solution`` is always a string: strings are kept as is, other JSON values (numbers, box lists such as
-``[x1, y1, x2, y2]``, mappings) become their ``json.dumps`` text, e.g. ``"[10, 20, 30, 40]"``.
+`solution` is always a string: strings are kept as is, other JSON values (numbers, box lists such as
+`[x1, y1, x2, y2]`, mappings) become their `json.dumps` text, e.g. `"[10, 20, 30, 40]"`.
 
-All other fields are kept unchanged for the reward functions, together with ``problem``. The consumed fields
-``image``, ``images``, ``conversations``, ``solution`` (replaced by its text form) and, when it became the
-solution, ``answer`` are not kept as they were.
+All other fields are kept unchanged for the reward functions, together with `problem`. The consumed fields
+`image`, `images`, `conversations`, `solution` (replaced by its text form) and, when it became the
+solution, `answer` are not kept as they were.
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ class ParsedRecord:
     """A record in the loader's common shape.
 
     Attributes:
-        problem (str): The problem text; may hold ``<image>`` placeholders.
-        solution (str): The reference solution as a string.
-        images (list[ImageRef]): The record's images, resolved; empty for text-only records.
-        image_field (str | None): The field the images came from (``"image"`` or ``"images"``), for messages.
-        extras (dict): Fields kept in the output row, including ``problem``.
-        template_fields (dict): Fields a prompt template may name: all of the record's fields plus ``problem``.
+        problem (`str`): The problem text; may hold `<image>` placeholders.
+        solution (`str`): The reference solution as a string.
+        images (`list[ImageRef]`): The record's images, resolved; empty for text-only records.
+        image_field (`str | None`): The field the images came from (`"image"` or `"images"`), for messages.
+        extras (`dict`): Fields kept in the output row, including `problem`.
+        template_fields (`dict`): Fields a prompt template may name: all of the record's fields plus `problem`.
     """
 
     problem: str
@@ -59,16 +59,16 @@ class ParsedRecord:
 
 
 def solution_to_text(value: object) -> str:
-    """Turn a solution value into the string stored in the ``solution`` column.
+    """Turn a solution value into the string stored in the `solution` column.
 
     Args:
-        value (object): A string, or any JSON value (number, bool, list, mapping).
+        value (`object`): A string, or any JSON value (number, bool, list, mapping).
 
     Returns:
-        str: ``value`` itself for a string, else ``json.dumps(value, ensure_ascii=False)``.
+        `str`: `value` itself for a string, else `json.dumps(value, ensure_ascii=False)`.
 
     Raises:
-        TypeError: ``value`` is not JSON serialisable.
+        TypeError: `value` is not JSON serialisable.
     """
     if isinstance(value, str):
         return value
@@ -103,16 +103,16 @@ def parse_record(file: str, record: Record, image_root: str) -> ParsedRecord:
     """Detect a record's format and bring it into the common shape.
 
     Args:
-        file (str): Path of the data file, for messages.
-        record (Record): The record.
-        image_root (str): Absolute folder that relative image paths resolve against.
+        file (`str`): Path of the data file, for messages.
+        record (`Record`): The record.
+        image_root (`str`): Absolute folder that relative image paths resolve against.
 
     Returns:
-        ParsedRecord: The record's problem, solution, images and kept fields.
+        `ParsedRecord`: The record's problem, solution, images and kept fields.
 
     Raises:
         DataConfigError: A needed field is missing, a field has the wrong type, or the record brings one of
-            :data:`RESERVED_FIELDS`.
+            `RESERVED_FIELDS`.
     """
     fields = record.fields
     for name in RESERVED_FIELDS:

@@ -1,10 +1,10 @@
 """Image references in records: resolving them, checking them cheaply, and decoding them.
 
-A record's image value is ``None`` (no image), one item, or a list of items, where an item is
+A record's image value is `None` (no image), one item, or a list of items, where an item is
 
 * a path string: absolute, or relative to the entry's image root;
 * raw encoded bytes (PNG, JPEG, ...);
-* a mapping ``{"bytes": b"...", "path": ...}`` as Hugging Face datasets stores images: the bytes are
+* a mapping `{"bytes": b"...", "path": ...}` as Hugging Face datasets stores images: the bytes are
   used when present, else the path.
 
 Checking opens each image and verifies its header and structure with PIL without decoding the pixels;
@@ -23,7 +23,7 @@ import PIL.Image
 import PIL.ImageOps
 
 EMBEDDED_IMAGE_PATH = ""
-"""The ``image_paths`` value of an image whose bytes are embedded in the data file."""
+"""The `image_paths` value of an image whose bytes are embedded in the data file."""
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ class ImageRef:
     """A resolved reference to one image.
 
     Attributes:
-        path (str | None): Absolute path of the image file, or ``None`` for embedded bytes.
-        data (bytes | None): Encoded image bytes, or ``None`` for a file.
+        path (`str | None`): Absolute path of the image file, or `None` for embedded bytes.
+        data (`bytes | None`): Encoded image bytes, or `None` for a file.
     """
 
     path: str | None = None
@@ -40,11 +40,11 @@ class ImageRef:
 
     @property
     def display_path(self) -> str:
-        """The path for logs: the absolute path, or :data:`EMBEDDED_IMAGE_PATH` for embedded bytes."""
+        """The path for logs: the absolute path, or `EMBEDDED_IMAGE_PATH` for embedded bytes."""
         return self.path if self.path is not None else EMBEDDED_IMAGE_PATH
 
     def storage(self) -> dict:
-        """The ``{"bytes", "path"}`` mapping stored in the dataset's ``images`` column."""
+        """The `{"bytes", "path"}` mapping stored in the dataset's `images` column."""
         return {"bytes": self.data, "path": self.path}
 
 
@@ -76,11 +76,11 @@ def image_refs_from_value(value: object, image_root: str) -> list[ImageRef]:
     """Turn a record's image value into resolved references.
 
     Args:
-        value (object): ``None``, an item, or a list of items (see the module docstring).
-        image_root (str): Absolute folder that relative paths resolve against.
+        value (`object`): `None`, an item, or a list of items (see the module docstring).
+        image_root (`str`): Absolute folder that relative paths resolve against.
 
     Returns:
-        list[ImageRef]: One reference per image; empty for ``None`` or an empty list.
+        `list[ImageRef]`: One reference per image; empty for `None` or an empty list.
 
     Raises:
         ValueError: An item has the wrong type or is empty; the message names the item.
@@ -96,10 +96,10 @@ def check_image(ref: ImageRef) -> str | None:
     """Check that an image exists and that PIL can open and verify it, without decoding its pixels.
 
     Args:
-        ref (ImageRef): The image.
+        ref (`ImageRef`): The image.
 
     Returns:
-        str | None: ``None`` when the image is fine, else a short reason such as ``"file not found"``.
+        `str | None`: `None` when the image is fine, else a short reason such as `"file not found"`.
     """
     if ref.path is not None and not os.path.isfile(ref.path):
         return "file not found"
@@ -114,15 +114,15 @@ def check_image(ref: ImageRef) -> str | None:
 
 
 def check_images(refs: Iterable[ImageRef], cache: dict[str, str | None], max_workers: int = 8) -> None:
-    """Check many image files at once, filling ``cache`` with one result per path.
+    """Check many image files at once, filling `cache` with one result per path.
 
-    Paths already in ``cache`` are not checked again. Embedded bytes are not cached; check them with
-    :func:`check_image`.
+    Paths already in `cache` are not checked again. Embedded bytes are not cached; check them with
+    `check_image`.
 
     Args:
-        refs (Iterable[ImageRef]): The images; those without a path are ignored.
-        cache (dict[str, str | None]): Maps a path to the result of :func:`check_image`; updated in place.
-        max_workers (int, default 8): Threads that open files concurrently.
+        refs (`Iterable[ImageRef]`): The images; those without a path are ignored.
+        cache (`dict[str, str | None]`): Maps a path to the result of `check_image`; updated in place.
+        max_workers (`int`, *optional*, defaults to `8`): Threads that open files concurrently.
     """
     todo = sorted({ref.path for ref in refs if ref.path is not None and ref.path not in cache})
     if len(todo) < 16 or max_workers <= 1:
@@ -139,16 +139,16 @@ def load_image(source: str | os.PathLike | bytes | bytearray | dict | PIL.Image.
     EXIF orientation is applied, as the dataset's lazy decoding does.
 
     Args:
-        source (str | os.PathLike | bytes | bytearray | dict | PIL.Image.Image): A file path, encoded bytes,
-            a ``{"bytes": ..., "path": ...}`` mapping (bytes win when present), or an already decoded image.
+        source (`str | os.PathLike | bytes | bytearray | dict | PIL.Image.Image`): A file path, encoded bytes,
+            a `{"bytes": ..., "path": ...}` mapping (bytes win when present), or an already decoded image.
 
     Returns:
-        PIL.Image.Image: The image in mode ``"RGB"``, fully loaded (no file is left open).
+        `PIL.Image.Image`: The image in mode `"RGB"`, fully loaded (no file is left open).
 
     Raises:
         FileNotFoundError: The path does not exist.
         PIL.UnidentifiedImageError: The data is not an image PIL can read.
-        TypeError: ``source`` has another type.
+        TypeError: `source` has another type.
     """
     if isinstance(source, dict):
         if source.get("bytes") is not None:

@@ -1,14 +1,14 @@
-"""Loading a YAML data config into one ``datasets.Dataset`` of GRPO prompts.
+"""Loading a YAML data config into one `datasets.Dataset` of GRPO prompts.
 
 Each row has the columns
 
-* ``prompt`` (list of messages): an optional system message, then one user message whose content
-  interleaves ``{"type": "image"}`` and ``{"type": "text", "text": ...}`` parts (TRL conversational style);
-* ``images`` (list of PIL images): decoded lazily to RGB on access; ``[]`` for text-only rows;
-* ``image_paths`` (list of str): resolved absolute paths, ``""`` for images embedded in the data file;
-* ``solution`` (str): the reference solution (non-string values as JSON text);
-* ``source`` (str): the entry's ``name``, else its data path as written in the YAML file;
-* ``problem`` (str) and every other field of the records, ``None`` where an entry lacks it.
+* `prompt` (list of messages): an optional system message, then one user message whose content
+  interleaves `{"type": "image"}` and `{"type": "text", "text": ...}` parts (TRL conversational style);
+* `images` (list of PIL images): decoded lazily to RGB on access; `[]` for text-only rows;
+* `image_paths` (list of str): resolved absolute paths, `""` for images embedded in the data file;
+* `solution` (str): the reference solution (non-string values as JSON text);
+* `source` (str): the entry's `name`, else its data path as written in the YAML file;
+* `problem` (str) and every other field of the records, `None` where an entry lacks it.
 
 Entries are concatenated in YAML order and are not shuffled.
 """
@@ -41,19 +41,19 @@ FIXED_COLUMNS = {
     "solution": pa.string(),
     "source": pa.string(),
 }
-"""Output columns the loader builds, with their Arrow types (``images`` is then cast to ``List(Image)``)."""
+"""Output columns the loader builds, with their Arrow types (`images` is then cast to `List(Image)`)."""
 
 
 def load_data_config(path: str | os.PathLike, seed: int = 42) -> Dataset:
     """Load the data files of a YAML data config into one dataset.
 
     Args:
-        path (str | os.PathLike): Path of the YAML data config (see :mod:`vlm_grpo.data.config`).
-        seed (int, default 42): Seed of ``random:`` sampling strategies; the same seed picks the same records
-            in every call and process.
+        path (`str | os.PathLike`): Path of the YAML data config (see `vlm_grpo.data.config`).
+        seed (`int`, *optional*, defaults to `42`): Seed of `random:` sampling strategies; the same seed picks the
+            same records in every call and process.
 
     Returns:
-        datasets.Dataset: One row per kept record, columns as described in :mod:`vlm_grpo.data.loader`.
+        `datasets.Dataset`: One row per kept record, columns as described in `vlm_grpo.data.loader`.
 
     Raises:
         DataConfigError: The config or a data file is invalid; the message names the file, the entry or
@@ -68,7 +68,7 @@ def load_data_config(path: str | os.PathLike, seed: int = 42) -> Dataset:
 def _fingerprint(config: DataConfig, seed: int) -> str:
     """A cheap dataset fingerprint from the config text, the seed and the data files' sizes and times.
 
-    Hashing the loaded table instead (the ``datasets`` default) reads every stored image byte.
+    Hashing the loaded table instead (the `datasets` default) reads every stored image byte.
     """
     hasher = hashlib.sha256(f"vlm_grpo.data:1:{seed}".encode())
     with open(config.path, "rb") as handle:
@@ -83,13 +83,13 @@ def load_entry(entry: DataEntry, seed: int, cache: dict[str, str | None], config
     """Read, sample, check and convert the records of one entry.
 
     Args:
-        entry (DataEntry): The entry.
-        seed (int): Seed of ``random:`` sampling.
-        cache (dict[str, str | None]): Results of image file checks, shared between entries; updated.
-        config_file (str): Path of the YAML config, for messages.
+        entry (`DataEntry`): The entry.
+        seed (`int`): Seed of `random:` sampling.
+        cache (`dict[str, str | None]`): Results of image file checks, shared between entries; updated.
+        config_file (`str`): Path of the YAML config, for messages.
 
     Returns:
-        list[dict]: The entry's rows, in file order, each with the fixed columns and the record's kept fields.
+        `list[dict]`: The entry's rows, in file order, each with the fixed columns and the record's kept fields.
 
     Raises:
         DataConfigError: A record is invalid, or no record is left.
@@ -200,14 +200,14 @@ def build_dataset(
     """Concatenate the rows of all entries into one dataset with one schema.
 
     Args:
-        parts (list[tuple[DataEntry, list[dict]]]): Each entry with its rows, in YAML order.
-        config_file (str, default ``""``): Path of the YAML config, for messages.
-        fingerprint (str | None, default ``None``): The dataset's fingerprint; ``None`` lets ``datasets`` hash
-            the whole table.
+        parts (`list[tuple[DataEntry, list[dict]]]`): Each entry with its rows, in YAML order.
+        config_file (`str`, *optional*, defaults to `""`): Path of the YAML config, for messages.
+        fingerprint (`str | None`, *optional*, defaults to `None`): The dataset's fingerprint; `None` lets
+            `datasets` hash the whole table.
 
     Returns:
-        datasets.Dataset: The rows; ``images`` has the feature ``List(Image(mode="RGB"))`` so that it decodes
-        on access; fields missing from some rows are ``None`` there.
+        `datasets.Dataset`: The rows; `images` has the feature `List(Image(mode="RGB"))` so that it decodes
+        on access; fields missing from some rows are `None` there.
 
     Raises:
         DataConfigError: A field has incompatible types across records.

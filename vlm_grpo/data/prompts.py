@@ -13,17 +13,17 @@ def apply_template(template: str | None, fields: dict) -> str:
     """Fill a prompt template with a record's fields.
 
     Args:
-        template (str | None): A ``str.format_map`` template such as ``"{problem} Options: {options}"``;
-            ``None`` returns ``fields["problem"]`` unchanged. Literal braces are written ``{{`` and ``}}``.
-            A list of plain values (e.g. ``options``) is written comma-separated: ``A, B, C``.
-        fields (dict): The record's fields, including ``problem``.
+        template (`str | None`): A `str.format_map` template such as `"{problem} Options: {options}"`;
+            `None` returns `fields["problem"]` unchanged. Literal braces are written `{{` and `}}`.
+            A list of plain values (e.g. `options`) is written comma-separated: `A, B, C`.
+        fields (`dict`): The record's fields, including `problem`.
 
     Returns:
-        str: The filled text.
+        `str`: The filled text.
 
     Raises:
-        TemplateFieldError: The template names a field missing from ``fields``.
-        ValueError: The template is malformed (e.g. an unmatched brace or a positional ``{}``).
+        TemplateFieldError: The template names a field missing from `fields`.
+        ValueError: The template is malformed (e.g. an unmatched brace or a positional `{}`).
     """
     if template is None:
         return fields["problem"]
@@ -50,19 +50,19 @@ def _text(text: str) -> dict:
 def build_user_content(text: str, num_images: int) -> list[dict]:
     """Interleave image and text parts of a user message.
 
-    Each ``<image>`` placeholder in ``text`` becomes an ``{"type": "image"}`` part at its place. Without
+    Each `<image>` placeholder in `text` becomes an `{"type": "image"}` part at its place. Without
     placeholders, all images come first, then the text. Text pieces made only of whitespace are dropped,
     the first text part is left-stripped and the last one right-stripped; other whitespace is kept.
 
     Args:
-        text (str): The prompt text, after the template.
-        num_images (int): Number of images of the record.
+        text (`str`): The prompt text, after the template.
+        num_images (`int`): Number of images of the record.
 
     Returns:
-        list[dict]: Content parts, e.g. ``[{"type": "image"}, {"type": "text", "text": "What is this?"}]``.
+        `list[dict]`: Content parts, e.g. `[{"type": "image"}, {"type": "text", "text": "What is this?"}]`.
 
     Raises:
-        ValueError: ``text`` has placeholders and their count differs from ``num_images``.
+        ValueError: `text` has placeholders and their count differs from `num_images`.
     """
     pieces = text.split(IMAGE_PLACEHOLDER)
     num_placeholders = len(pieces) - 1
@@ -91,17 +91,17 @@ def build_prompt(text: str, num_images: int, system_prompt: str | None = None) -
     """Build a TRL conversational prompt.
 
     Args:
-        text (str): The prompt text, after the template; may hold ``<image>`` placeholders.
-        num_images (int): Number of images of the record.
-        system_prompt (str | None, default ``None``): Text of a leading system message; ``None`` or ``""``
-            adds none.
+        text (`str`): The prompt text, after the template; may hold `<image>` placeholders.
+        num_images (`int`): Number of images of the record.
+        system_prompt (`str | None`, *optional*, defaults to `None`): Text of a leading system message; `None` or
+            `""` adds none.
 
     Returns:
-        list[dict]: ``[{"role": "system", "content": [text part]}]`` (optional) followed by
-        ``{"role": "user", "content": build_user_content(text, num_images)}``.
+        `list[dict]`: `[{"role": "system", "content": [text part]}]` (optional) followed by
+        `{"role": "user", "content": build_user_content(text, num_images)}`.
 
     Raises:
-        ValueError: See :func:`build_user_content`.
+        ValueError: See `build_user_content`.
     """
     messages = []
     if system_prompt:

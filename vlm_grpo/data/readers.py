@@ -13,9 +13,9 @@ class Record:
     """One record of a data file.
 
     Attributes:
-        index (int): 0-based position of the record in the file (blank JSONL lines are not counted).
-        fields (dict): The record's fields.
-        line (int | None, default ``None``): 1-based line number, for JSONL files.
+        index (`int`): 0-based position of the record in the file (blank JSONL lines are not counted).
+        fields (`dict`): The record's fields.
+        line (`int | None`, *optional*, defaults to `None`): 1-based line number, for JSONL files.
     """
 
     index: int
@@ -24,7 +24,7 @@ class Record:
 
     @property
     def where(self) -> str:
-        """Position for messages, 1-based: ``"record 3"`` (the third) or ``"record 3 (line 5)"``."""
+        """Position for messages, 1-based: `"record 3"` (the third) or `"record 3 (line 5)"`."""
         return (
             f"record {self.index + 1}" if self.line is None else f"record {self.index + 1} (line {self.line})"
         )
@@ -34,12 +34,12 @@ def read_records(path: str, kind: str) -> list[Record]:
     """Read all records of a data file.
 
     Args:
-        path (str): Path of the data file.
-        kind (str): ``"json"`` (a JSON list of objects), ``"jsonl"`` (one JSON object per line; blank lines
-            are skipped) or ``"parquet"``.
+        path (`str`): Path of the data file.
+        kind (`str`): `"json"` (a JSON list of objects), `"jsonl"` (one JSON object per line; blank lines
+            are skipped) or `"parquet"`.
 
     Returns:
-        list[Record]: The records, in file order.
+        `list[Record]`: The records, in file order.
 
     Raises:
         DataConfigError: The file cannot be read or parsed, or a record is not a JSON object.

@@ -1,8 +1,8 @@
 """Sampling strategies that pick a subset of one data file's records.
 
-A strategy is written ``MODE:N`` in the YAML data config, where ``MODE`` is ``first``, ``end`` or
-``random`` and ``N`` is either a positive record count (``first:1000``) or a percentage of the
-file's records (``random:25%``, ``end:12.5%``). A percentage is rounded down but picks at least one
+A strategy is written `MODE:N` in the YAML data config, where `MODE` is `first`, `end` or
+`random` and `N` is either a positive record count (`first:1000`) or a percentage of the
+file's records (`random:25%`, `end:12.5%`). A percentage is rounded down but picks at least one
 record. A count larger than the file takes the whole file (and logs a warning).
 """
 
@@ -25,13 +25,13 @@ _PERCENT_RE = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)%$")
 
 @dataclass(frozen=True)
 class SamplingStrategy:
-    """A parsed ``sampling_strategy`` value.
+    """A parsed `sampling_strategy` value.
 
     Attributes:
-        mode (str): ``"first"``, ``"end"`` or ``"random"``.
-        count (int | None): Number of records, when written as a count; else ``None``.
-        percent (float | None): Percentage of records in ``(0, 100]``, when written as ``P%``; else ``None``.
-        text (str): The value as written in the config, for messages.
+        mode (`str`): `"first"`, `"end"` or `"random"`.
+        count (`int | None`): Number of records, when written as a count; else `None`.
+        percent (`float | None`): Percentage of records in `(0, 100]`, when written as `P%`; else `None`.
+        text (`str`): The value as written in the config, for messages.
     """
 
     mode: str
@@ -40,13 +40,13 @@ class SamplingStrategy:
     text: str = ""
 
     def resolve_count(self, num_records: int) -> int:
-        """Number of records this strategy picks out of ``num_records``.
+        """Number of records this strategy picks out of `num_records`.
 
         Args:
-            num_records (int): Number of records in the data file.
+            num_records (`int`): Number of records in the data file.
 
         Returns:
-            int: ``min(count, num_records)`` for a count; ``floor(num_records * P / 100)`` but at least 1
+            `int`: `min(count, num_records)` for a count; `floor(num_records * P / 100)` but at least 1
             (and 0 for an empty file) for a percentage.
         """
         if self.count is not None:
@@ -60,14 +60,14 @@ class SamplingStrategy:
         """Indices of the records this strategy keeps, in file order.
 
         Args:
-            num_records (int): Number of records in the data file.
-            seed (int): Base seed; ``random`` picks are a function of ``(seed, entry_index)`` only, so they
+            num_records (`int`): Number of records in the data file.
+            seed (`int`): Base seed; `random` picks are a function of `(seed, entry_index)` only, so they
                 are the same across calls and processes.
-            entry_index (int): Position of the entry in the config's ``datasets`` list.
-            file (str, default ``""``): Data file name, used in the warning about short files.
+            entry_index (`int`): Position of the entry in the config's `datasets` list.
+            file (`str`, *optional*, defaults to `""`): Data file name, used in the warning about short files.
 
         Returns:
-            list[int]: Sorted record indices.
+            `list[int]`: Sorted record indices.
         """
         if self.count is not None and self.count > num_records:
             logger.warning(
@@ -87,14 +87,14 @@ class SamplingStrategy:
 
 
 def parse_sampling_strategy(value: object) -> SamplingStrategy:
-    """Parse a ``sampling_strategy`` value.
+    """Parse a `sampling_strategy` value.
 
     Args:
-        value (object): The value from the YAML config, expected to be a string such as ``"first:1000"``,
-            ``"end:10%"`` or ``"random:500"``.
+        value (`object`): The value from the YAML config, expected to be a string such as `"first:1000"`,
+            `"end:10%"` or `"random:500"`.
 
     Returns:
-        SamplingStrategy: The parsed strategy.
+        `SamplingStrategy`: The parsed strategy.
 
     Raises:
         ValueError: With a message naming the bad value and listing the valid forms.

@@ -1,4 +1,5 @@
-"""The demo tasks of `vlm-grpo demo`, one module each, and the parts they share (`common`).
+"""The demo tasks of `vlm-grpo demo`, one module each (its `TASK`: data, warm start, rewards), and the pipeline
+they share (`common.run_task`).
 
 - `colour`: name the colour of a square (four options, one word).
 - `grounding`: box of the one object, `<think>...</think><answer>[x1, y1, x2, y2]</answer>` (`iou`, `rec_format`).

@@ -22,16 +22,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from .common import (
-    demo_model,
-    evaluate_stage,
-    finish,
-    grpo_config,
-    train_grpo,
-    warm_start,
-    words_of,
-    write_split,
-)
+from .common import DemoTask, run_task, words_of, write_split
 
 IMAGE_SIZE = 56
 COLORS = (
@@ -80,6 +71,12 @@ def prompt(names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def vocabulary() -> list[str]:
+    """The task's words: the question's (with every option) and the brand names."""
+    names = [b[0] for b in brands()]
+    return [*words_of(prompt(names)), *names]
+
+
 def _shade(color: tuple[int, int, int], rng: random.Random) -> tuple[int, ...]:
     return tuple(max(0, min(255, c + rng.randint(-20, 20))) for c in color)
 
@@ -105,14 +102,14 @@ def draw_logo(tile: int, mark: int, shape: str, rng: random.Random) -> Image.Ima
 def write_task(
     out_dir: Path, n_train: int = 1680, n_warm: int = 448, n_eval: int = 224, seed: int = 0
 ) -> dict:
-    """Write the train, warm-start and held-out splits (every brand equally often); returns YAMLs and targets.
+    """Write the train, warm-start and held-out splits (every brand equally often); returns YAMLs and warm targets.
 
     Args:
         out_dir (`Path`): the data folder.
-        n_train (`int`, *optional*, defaults to 1680): GRPO records (30 per brand).
-        n_warm (`int`, *optional*, defaults to 448): warm-start records (8 per brand).
-        n_eval (`int`, *optional*, defaults to 224): held-out records (4 per brand).
-        seed (`int`, *optional*, defaults to 0): seed of the drawing.
+        n_train (`int`, *optional*, defaults to `1680`): GRPO records (30 per brand).
+        n_warm (`int`, *optional*, defaults to `448`): warm-start records (8 per brand).
+        n_eval (`int`, *optional*, defaults to `224`): held-out records (4 per brand).
+        seed (`int`, *optional*, defaults to `0`): seed of the drawing.
     """
     rng = random.Random(seed)
     table = brands()
@@ -131,58 +128,23 @@ def write_task(
         paths[split] = write_split(out_dir, split, records)
         if split == "warm":
             paths["warm_targets"] = [r["solution"] for r in records]
-    paths["vocabulary"] = [*words_of(question), *names]
     return paths
 
 
-def run_brand(
-    output_dir: str = "runs/demo-brand",
-    max_steps: int = 250,
-    seed: int = 0,
-    warm_epochs: float = 10,
-    data_sizes: dict[str, int] | None = None,
-    **overrides: Any,
-) -> dict:
-    """Build, evaluate, warm-start (a few examples), evaluate, train with GRPO, evaluate.
+TASK = DemoTask(
+    output_dir="runs/demo-brand",
+    max_steps=250,
+    write_data=write_task,
+    vocabulary=vocabulary,
+    rewards=REWARDS,
+    max_new_tokens=2,
+    image_size=IMAGE_SIZE,
+    warm_epochs=10,
+    grpo_settings=GRPO_SETTINGS,
+)
+"""The brand demo: 250 GRPO steps after a warm start of 10 epochs (16 records a step)."""
 
-    Args:
-        output_dir (`str`, *optional*, defaults to `"runs/demo-brand"`): where everything goes.
-        max_steps (`int`, *optional*, defaults to 250): GRPO steps.
-        seed (`int`, *optional*, defaults to 0): seed of data, model and training.
-        warm_epochs (`float`, *optional*, defaults to 10): warm-start epochs; 0 skips the warm start.
-        data_sizes (`dict[str, int]`, *optional*, defaults to `None`): split sizes passed to `write_task`
-            (`n_train`, `n_warm`, `n_eval`); `None` keeps the task's own.
-        **overrides (`Any`): `VLMGRPOConfig` fields replacing the demo's settings.
 
-    Returns:
-        `dict`: the held-out reports `start`, `warm`, `after` and the seconds of each phase.
-    """
-    out = Path(output_dir)
-    data = write_task(out / "data", seed=seed, **(data_sizes or {}))
-    model_dir = demo_model(out / "model-init", data["vocabulary"], seed, image_size=IMAGE_SIZE)
-    stage = dict(rewards=REWARDS, max_new_tokens=2)
-    result: dict[str, Any] = {}
-    result["start"] = evaluate_stage(model_dir, data["eval"], out / "eval_start.json", label="start", **stage)
-    start_from = Path(model_dir)
-    if warm_epochs:
-        result["warm_seconds"] = warm_start(
-            model_dir,
-            data["warm"],
-            data["warm_targets"],
-            out / "model-warm",
-            epochs=warm_epochs,
-            seed=seed,
-            batch_size=16,
-            learning_rate=3e-3,
-        )
-        start_from = out / "model-warm"
-        result["warm"] = evaluate_stage(
-            start_from, data["eval"], out / "eval_warm.json", label="after warm start", **stage
-        )
-    args = grpo_config(out / "model", max_steps, seed, **{**GRPO_SETTINGS, **overrides})
-    result["train_seconds"] = train_grpo(start_from, data["train"], REWARDS, args)
-    result["after"] = evaluate_stage(
-        out / "model", data["eval"], out / "eval_after.json", label="after GRPO", **stage
-    )
-    result.update(finish(out / "model"))
-    return result
+def run_brand(output_dir: str = TASK.output_dir, **kwargs: Any) -> dict:
+    """Run the brand demo with `run_task` (`max_steps`, `seed`, `warm_epochs`, `data_sizes`, GRPO overrides)."""
+    return run_task(TASK, output_dir, **kwargs)

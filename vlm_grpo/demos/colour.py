@@ -1,8 +1,8 @@
 """Colour demo: name the colour of a square (four options, one word), scored by `choice_accuracy`.
 
-It builds a tiny Qwen2-VL (`common.demo_model`), draws the task (a coloured square on grey, held-out images
-for evaluation), evaluates the untrained model, trains with GRPO and evaluates again. The answer is one word,
-which a random model already writes now and then, so there is no warm start. Outputs in `output_dir`:
+`common.run_task` builds a tiny Qwen2-VL (`common.demo_model`), draws the task (a coloured square on grey,
+held-out images for evaluation), evaluates the untrained model, trains with GRPO and evaluates again. The answer
+is one word, which a random model already writes now and then, so there is no warm start. Outputs in `output_dir`:
 `data/`, `model-init/`, `model/` (trained, with `training_curves.png`, `samples/` and `samples.html`),
 `eval_before.json`, `eval_after.json`.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image
 
-from .common import demo_model, evaluate_stage, finish, grpo_config, train_grpo, write_split
+from .common import DemoTask, run_task, write_split
 
 COLORS = {"red": (220, 40, 40), "green": (40, 190, 40), "blue": (40, 60, 220), "yellow": (230, 210, 40)}
 QUESTION = "What color is the square ? Options : red , green , blue , yellow ."
@@ -37,9 +37,9 @@ def write_task(out_dir: Path, n_train: int = 256, n_eval: int = 64, seed: int = 
 
     Args:
         out_dir (`Path`): the data folder.
-        n_train (`int`, *optional*, defaults to 256): training records.
-        n_eval (`int`, *optional*, defaults to 64): held-out records.
-        seed (`int`, *optional*, defaults to 0): seed of the drawing.
+        n_train (`int`, *optional*, defaults to `256`): training records.
+        n_eval (`int`, *optional*, defaults to `64`): held-out records.
+        seed (`int`, *optional*, defaults to `0`): seed of the drawing.
     """
     rng = random.Random(seed)
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
@@ -63,29 +63,29 @@ def write_task(out_dir: Path, n_train: int = 256, n_eval: int = 64, seed: int = 
     return paths[0], paths[1]
 
 
-def run_colour(output_dir: str = "runs/demo", max_steps: int = 500, seed: int = 0, **overrides: Any) -> dict:
-    """Build, evaluate, train, evaluate.
+def vocabulary() -> list[str]:
+    """The task's words: the question's. A small vocabulary lets random sampling find the right word early on."""
+    return QUESTION.split()
 
-    Args:
-        output_dir (`str`, *optional*, defaults to `"runs/demo"`): where everything goes.
-        max_steps (`int`, *optional*, defaults to 500): GRPO steps.
-        seed (`int`, *optional*, defaults to 0): seed of data, model and training.
-        **overrides (`Any`): `VLMGRPOConfig` fields replacing the demo's settings.
 
-    Returns:
-        `dict`: `{"before": report, "after": report, "train_seconds": float}` plus the curves and samples paths.
-    """
-    out = Path(output_dir)
-    train_yaml, eval_yaml = write_task(out / "data", seed=seed)
-    # A small vocabulary (chat roles + the task's words) lets random sampling find the right word early on.
-    model_dir = demo_model(out / "model-init", QUESTION.split(), seed)
-    stage = dict(rewards=REWARDS, max_new_tokens=1)
-    result: dict[str, Any] = {}
-    result["before"] = evaluate_stage(model_dir, eval_yaml, out / "eval_before.json", label="start", **stage)
-    args = grpo_config(out / "model", max_steps, seed, **overrides)
-    result["train_seconds"] = train_grpo(model_dir, train_yaml, REWARDS, args)
-    result["after"] = evaluate_stage(
-        out / "model", eval_yaml, out / "eval_after.json", label="after GRPO", **stage
-    )
-    result.update(finish(out / "model"))
-    return result
+def write_data(out_dir: Path, seed: int = 0, **sizes: int) -> dict[str, Path]:
+    """`write_task` with its two data configs by split name (`"train"`, `"eval"`), as `run_task` takes them."""
+    return dict(zip(("train", "eval"), write_task(out_dir, seed=seed, **sizes), strict=True))
+
+
+TASK = DemoTask(
+    output_dir="runs/demo",
+    max_steps=500,
+    write_data=write_data,
+    vocabulary=vocabulary,
+    rewards=REWARDS,
+    max_new_tokens=1,
+    first_stage="before",
+)
+"""The colour demo: 500 GRPO steps with `grpo_config`'s settings, no warm start."""
+
+
+def run_colour(output_dir: str = TASK.output_dir, **kwargs: Any) -> dict:
+    """Run the colour demo with `run_task` (`max_steps`, `seed`, `data_sizes`, GRPO overrides); the first report
+    is `before` (`eval_before.json`)."""
+    return run_task(TASK, output_dir, **kwargs)

@@ -1,8 +1,10 @@
-"""Parts every demo shares: writing a synthetic split, the supervised warm start, GRPO, evaluation, reporting.
+"""The demo pipeline, written once (`run_task`), and the parts it is made of.
 
-A demo writes its images and VLM-R1 style JSON records with `write_split`, builds a tiny model with
-`demo_model` (a tiny Qwen2-VL), and then calls `evaluate_stage` / `warm_start` / `train_grpo` in turn;
-`finish` draws the training curves and the samples page of the GRPO run.
+A demo task is a `DemoTask`: its data (images and VLM-R1 style JSON records written with `write_split`), its
+vocabulary, its warm start and its rewards. `run_task` runs every task the same way: write the data, build the
+tiny Qwen2-VL (`demo_model`), evaluate (`evaluate_stage`), warm-start (`warm_start`) and evaluate again when the
+task has a warm start, train with GRPO (`train_grpo`), evaluate, and draw the training curves and the samples
+page of the GRPO run (`finish`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -102,10 +105,10 @@ def warm_start(
         data_yaml (`Path`): data config of the warm-start records (same prompts as GRPO's).
         targets (`Sequence[str]`): one completion text per record, in the file's order.
         output_dir (`Path`): where the warmed model and its processor are saved.
-        epochs (`float`, *optional*, defaults to 1.0): passes over the records.
-        learning_rate (`float`, *optional*, defaults to 1e-3): constant learning rate.
-        batch_size (`int`, *optional*, defaults to 8): records per step.
-        seed (`int`, *optional*, defaults to 0): seed.
+        epochs (`float`, *optional*, defaults to `1.0`): passes over the records.
+        learning_rate (`float`, *optional*, defaults to `1e-3`): constant learning rate.
+        batch_size (`int`, *optional*, defaults to `8`): records per step.
+        seed (`int`, *optional*, defaults to `0`): seed.
 
     Returns:
         `float`: seconds spent training.
@@ -148,15 +151,13 @@ def demo_model(out_dir: Path, words: list[str], seed: int, image_size: int = 56)
     """The demos' tiny Qwen2-VL: the chat roles and the task's words as vocabulary, embeddings untied.
 
     Untied, as in the Qwen2-VL-7B checkpoint (the builder's default ties them, as the 2B does): with one-token
-    answers, GRPO then moves only the answer's output embedding. Tied, it also moved the answer's input embedding,
-    and the brand demo's model stopped ending its answer (held-out accuracy 0.219 after the warm start, 0.040 after
-    GRPO, answers such as "Rada Rada").
+    answers, GRPO then moves only the answer's output embedding, not its input embedding as well.
 
     Args:
         out_dir (`Path`): the model's folder.
         words (`list[str]`): the task's words.
         seed (`int`): seed of the random weights.
-        image_size (`int`, *optional*, defaults to 56): image side the processor resizes to.
+        image_size (`int`, *optional*, defaults to `56`): image side the processor resizes to.
     """
     return build_qwen(
         "qwen2_vl", out_dir, base_words=ROLE_WORDS, words=words, seed=seed, image_size=image_size,
@@ -225,3 +226,103 @@ def finish(run_dir: Path) -> dict[str, str]:
     curves, page = plot_run(run_dir), render_html(run_dir)
     print(f"training curves: {curves}\nsamples page: {page}", flush=True)
     return {"curves": str(curves), "samples": str(page)}
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    """What one demo task supplies to `run_task`: its data, vocabulary, warm start, rewards and defaults.
+
+    Args:
+        output_dir (`str`): default output folder (`"runs/demo-brand"`, ...).
+        max_steps (`int`): default number of GRPO steps.
+        write_data (`Callable[..., dict]`): `write_data(out_dir, seed=seed, **data_sizes)` writes the splits and
+            returns their data configs by split name: `"train"`, `"eval"` and, with a warm start, `"warm"` and
+            `"warm_targets"` (one completion text per warm-start record).
+        vocabulary (`Callable[[], list[str]]`): the task's words, the tiny model's vocabulary besides the chat roles.
+        rewards (`tuple[str, ...]`): held-out reward names; the first is the reported accuracy.
+        max_new_tokens (`int`): completion budget of the held-out evaluation.
+        train_rewards (`tuple[str, ...]`, *optional*, defaults to `None`): the rewards GRPO trains on; `None` means
+            `rewards`.
+        image_size (`int`, *optional*, defaults to `56`): image side the model's processor resizes to.
+        warm_epochs (`float`, *optional*, defaults to `0`): default warm-start epochs; `0` means no warm start.
+        warm_batch_size (`int`, *optional*, defaults to `16`): warm-start records per step.
+        grpo_settings (`dict[str, Any]`, *optional*, defaults to `{}`): GRPO settings of the task (`grpo_config`
+            fills in the rest).
+        first_stage (`str`, *optional*, defaults to `"start"`): name of the first held-out report, in the result
+            and in its file `eval_{first_stage}.json`.
+    """
+
+    output_dir: str
+    max_steps: int
+    write_data: Callable[..., dict[str, Any]]
+    vocabulary: Callable[[], list[str]]
+    rewards: tuple[str, ...]
+    max_new_tokens: int
+    train_rewards: tuple[str, ...] | None = None
+    image_size: int = 56
+    warm_epochs: float = 0
+    warm_batch_size: int = 16
+    grpo_settings: dict[str, Any] = field(default_factory=dict)
+    first_stage: str = "start"
+
+
+def run_task(
+    task: DemoTask,
+    output_dir: str | None = None,
+    max_steps: int | None = None,
+    seed: int = 0,
+    warm_epochs: float | None = None,
+    data_sizes: dict[str, int] | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Build, evaluate, warm-start, evaluate, train with GRPO, evaluate: one demo task end to end.
+
+    Args:
+        task (`DemoTask`): the task.
+        output_dir (`str`, *optional*, defaults to `None`): where everything goes; `None` means `task.output_dir`.
+        max_steps (`int`, *optional*, defaults to `None`): GRPO steps; `None` means `task.max_steps`.
+        seed (`int`, *optional*, defaults to `0`): seed of data, model and training.
+        warm_epochs (`float`, *optional*, defaults to `None`): warm-start epochs; `None` means `task.warm_epochs`,
+            `0` skips the warm start (and its report).
+        data_sizes (`dict[str, int]`, *optional*, defaults to `None`): split sizes passed to `task.write_data`
+            (`n_train`, `n_warm`, `n_eval`); `None` keeps the task's own.
+        **overrides (`Any`): `VLMGRPOConfig` fields replacing the task's GRPO settings.
+
+    Returns:
+        `dict`: the held-out reports (`task.first_stage`, `warm` after a warm start, `after`), the seconds of the
+        warm start and of GRPO (`warm_seconds`, `train_seconds`) and the paths of the curves and samples page.
+    """
+    out = Path(output_dir if output_dir is not None else task.output_dir)
+    max_steps = task.max_steps if max_steps is None else max_steps
+    warm_epochs = task.warm_epochs if warm_epochs is None else warm_epochs
+    data = task.write_data(out / "data", seed=seed, **(data_sizes or {}))
+    model_dir = demo_model(out / "model-init", task.vocabulary(), seed, image_size=task.image_size)
+    stage = dict(rewards=task.rewards, max_new_tokens=task.max_new_tokens)
+    result: dict[str, Any] = {}
+    first = task.first_stage
+    result[first] = evaluate_stage(
+        model_dir, data["eval"], out / f"eval_{first}.json", label="start", **stage
+    )
+    start_from = Path(model_dir)
+    if warm_epochs:
+        result["warm_seconds"] = warm_start(
+            model_dir,
+            data["warm"],
+            data["warm_targets"],
+            out / "model-warm",
+            epochs=warm_epochs,
+            seed=seed,
+            batch_size=task.warm_batch_size,
+            learning_rate=3e-3,
+        )
+        start_from = out / "model-warm"
+        result["warm"] = evaluate_stage(
+            start_from, data["eval"], out / "eval_warm.json", label="after warm start", **stage
+        )
+    args = grpo_config(out / "model", max_steps, seed, **{**task.grpo_settings, **overrides})
+    result["train_seconds"] = train_grpo(start_from, data["train"], task.train_rewards or task.rewards, args)
+    result["after"] = evaluate_stage(
+        out / "model", data["eval"], out / "eval_after.json", label="after GRPO", **stage
+    )
+    result.update(finish(out / "model"))
+    return result

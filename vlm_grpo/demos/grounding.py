@@ -11,9 +11,7 @@ in a tiny model the position of an object is readable only from inside a token's
 A random model cannot write that format, so a short supervised warm start teaches it first, on a few
 examples (64 labelled images, 20 epochs); its held-out IoU is printed. GRPO then improves the boxes from its
 own answers on 1,024 other images, sampling at temperature 0.7 (at 1.0 most of the warm model's early samples
-break the format, and GRPO's first steps go to relearning it). (A format-only warm start, each image paired
-with another image's box, left the boxes uncoupled from the image and x2 < x1 half of the time; GRPO barely
-moved from there at this scale.)
+break the format, and GRPO's first steps go to relearning it).
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .common import demo_model, evaluate_stage, finish, grpo_config, train_grpo, warm_start, write_split
+from .common import DemoTask, run_task, write_split
 
 IMAGE_SIZE = 112
 VIEW_SIZE = 28
@@ -79,10 +77,10 @@ def write_task(out_dir: Path, n_train: int = 1024, n_warm: int = 64, n_eval: int
 
     Args:
         out_dir (`Path`): the data folder.
-        n_train (`int`, *optional*, defaults to 1024): GRPO records.
-        n_warm (`int`, *optional*, defaults to 64): warm-start records, with their true boxes.
-        n_eval (`int`, *optional*, defaults to 64): held-out records.
-        seed (`int`, *optional*, defaults to 0): seed of the drawing.
+        n_train (`int`, *optional*, defaults to `1024`): GRPO records.
+        n_warm (`int`, *optional*, defaults to `64`): warm-start records, with their true boxes.
+        n_eval (`int`, *optional*, defaults to `64`): held-out records.
+        seed (`int`, *optional*, defaults to `0`): seed of the drawing.
     """
     rng = random.Random(seed)
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
@@ -109,51 +107,20 @@ def write_task(out_dir: Path, n_train: int = 1024, n_warm: int = 64, n_eval: int
     return paths
 
 
-def run_grounding(
-    output_dir: str = "runs/demo-grounding",
-    max_steps: int = 520,
-    seed: int = 0,
-    warm_epochs: float = 20,
-    data_sizes: dict[str, int] | None = None,
-    **overrides: Any,
-) -> dict:
-    """Build, evaluate, warm-start, evaluate, train with GRPO, evaluate.
+TASK = DemoTask(
+    output_dir="runs/demo-grounding",
+    max_steps=520,
+    write_data=write_task,
+    vocabulary=vocabulary,
+    rewards=REWARDS,
+    max_new_tokens=MAX_NEW_TOKENS,
+    image_size=VIEW_SIZE,
+    warm_epochs=20,
+    grpo_settings=GRPO_SETTINGS,
+)
+"""The grounding demo: 520 GRPO steps after a warm start of 20 epochs (16 records a step)."""
 
-    Args:
-        output_dir (`str`, *optional*, defaults to `"runs/demo-grounding"`): where everything goes.
-        max_steps (`int`, *optional*, defaults to 520): GRPO steps.
-        seed (`int`, *optional*, defaults to 0): seed of data, model and training.
-        warm_epochs (`float`, *optional*, defaults to 20): warm-start epochs.
-        data_sizes (`dict[str, int]`, *optional*, defaults to `None`): split sizes passed to `write_task`
-            (`n_train`, `n_warm`, `n_eval`); `None` keeps the task's own.
-        **overrides (`Any`): `VLMGRPOConfig` fields replacing the demo's settings.
 
-    Returns:
-        `dict`: the held-out reports `start`, `warm`, `after` and the seconds of each phase.
-    """
-    out = Path(output_dir)
-    data = write_task(out / "data", seed=seed, **(data_sizes or {}))
-    model_dir = demo_model(out / "model-init", vocabulary(), seed, image_size=VIEW_SIZE)
-    stage = dict(rewards=REWARDS, max_new_tokens=MAX_NEW_TOKENS)
-    result: dict[str, Any] = {}
-    result["start"] = evaluate_stage(model_dir, data["eval"], out / "eval_start.json", label="start", **stage)
-    result["warm_seconds"] = warm_start(
-        model_dir,
-        data["warm"],
-        data["warm_targets"],
-        out / "model-warm",
-        epochs=warm_epochs,
-        seed=seed,
-        batch_size=16,
-        learning_rate=3e-3,
-    )
-    result["warm"] = evaluate_stage(
-        out / "model-warm", data["eval"], out / "eval_warm.json", label="after warm start", **stage
-    )
-    args = grpo_config(out / "model", max_steps, seed, **{**GRPO_SETTINGS, **overrides})
-    result["train_seconds"] = train_grpo(out / "model-warm", data["train"], REWARDS, args)
-    result["after"] = evaluate_stage(
-        out / "model", data["eval"], out / "eval_after.json", label="after GRPO", **stage
-    )
-    result.update(finish(out / "model"))
-    return result
+def run_grounding(output_dir: str = TASK.output_dir, **kwargs: Any) -> dict:
+    """Run the grounding demo with `run_task` (`max_steps`, `seed`, `warm_epochs`, `data_sizes`, GRPO overrides)."""
+    return run_task(TASK, output_dir, **kwargs)

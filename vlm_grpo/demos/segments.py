@@ -8,8 +8,7 @@ style); the reported accuracy is the share of held-out answers that are right.
 
 A random model cannot write `\\boxed{}`, so a format-only warm start comes first: each warm-start image is
 paired with the total of another, random image, so the warm start learns the layout and nothing of the figure;
-all that the figure teaches comes from GRPO. (Segments off the patch grid, at 8 pixels a unit on a background of
-varying shade, left the total unreadable to this tiny model: GRPO stayed at chance.)
+all that the figure teaches comes from GRPO.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from .common import demo_model, evaluate_stage, finish, grpo_config, train_grpo, warm_start, write_split
+from .common import DemoTask, run_task, write_split
 
 IMAGE_SIZE = 56
 UNIT = 14
@@ -72,10 +71,10 @@ def write_task(
 
     Args:
         out_dir (`Path`): the data folder.
-        n_train (`int`, *optional*, defaults to 1024): GRPO records.
-        n_warm (`int`, *optional*, defaults to 256): warm-start records.
-        n_eval (`int`, *optional*, defaults to 98): held-out records (14 per total).
-        seed (`int`, *optional*, defaults to 0): seed of the drawing.
+        n_train (`int`, *optional*, defaults to `1024`): GRPO records.
+        n_warm (`int`, *optional*, defaults to `256`): warm-start records.
+        n_eval (`int`, *optional*, defaults to `98`): held-out records (14 per total).
+        seed (`int`, *optional*, defaults to `0`): seed of the drawing.
     """
     rng = random.Random(seed)
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
@@ -98,51 +97,22 @@ def write_task(
     return paths
 
 
-def run_segments(
-    output_dir: str = "runs/demo-math",
-    max_steps: int = 250,
-    seed: int = 0,
-    warm_epochs: float = 6,
-    data_sizes: dict[str, int] | None = None,
-    **overrides: Any,
-) -> dict:
-    """Build, evaluate, warm-start (format only), evaluate, train with GRPO, evaluate.
+TASK = DemoTask(
+    output_dir="runs/demo-math",
+    max_steps=250,
+    write_data=write_task,
+    vocabulary=vocabulary,
+    rewards=REWARDS,
+    max_new_tokens=MAX_NEW_TOKENS,
+    train_rewards=("geo3k",),
+    image_size=IMAGE_SIZE,
+    warm_epochs=6,
+    warm_batch_size=32,
+    grpo_settings=GRPO_SETTINGS,
+)
+"""The math demo: 250 GRPO steps on `geo3k` after a format-only warm start of 6 epochs (32 records a step)."""
 
-    Args:
-        output_dir (`str`, *optional*, defaults to `"runs/demo-math"`): where everything goes.
-        max_steps (`int`, *optional*, defaults to 250): GRPO steps.
-        seed (`int`, *optional*, defaults to 0): seed of data, model and training.
-        warm_epochs (`float`, *optional*, defaults to 6): warm-start epochs.
-        data_sizes (`dict[str, int]`, *optional*, defaults to `None`): split sizes passed to `write_task`
-            (`n_train`, `n_warm`, `n_eval`); `None` keeps the task's own.
-        **overrides (`Any`): `VLMGRPOConfig` fields replacing the demo's settings.
 
-    Returns:
-        `dict`: the held-out reports `start`, `warm`, `after` and the seconds of each phase.
-    """
-    out = Path(output_dir)
-    data = write_task(out / "data", seed=seed, **(data_sizes or {}))
-    model_dir = demo_model(out / "model-init", vocabulary(), seed, image_size=IMAGE_SIZE)
-    stage = dict(rewards=REWARDS, max_new_tokens=MAX_NEW_TOKENS)
-    result: dict[str, Any] = {}
-    result["start"] = evaluate_stage(model_dir, data["eval"], out / "eval_start.json", label="start", **stage)
-    result["warm_seconds"] = warm_start(
-        model_dir,
-        data["warm"],
-        data["warm_targets"],
-        out / "model-warm",
-        epochs=warm_epochs,
-        seed=seed,
-        batch_size=32,
-        learning_rate=3e-3,
-    )
-    result["warm"] = evaluate_stage(
-        out / "model-warm", data["eval"], out / "eval_warm.json", label="after warm start", **stage
-    )
-    args = grpo_config(out / "model", max_steps, seed, **{**GRPO_SETTINGS, **overrides})
-    result["train_seconds"] = train_grpo(out / "model-warm", data["train"], ["geo3k"], args)
-    result["after"] = evaluate_stage(
-        out / "model", data["eval"], out / "eval_after.json", label="after GRPO", **stage
-    )
-    result.update(finish(out / "model"))
-    return result
+def run_segments(output_dir: str = TASK.output_dir, **kwargs: Any) -> dict:
+    """Run the math demo with `run_task` (`max_steps`, `seed`, `warm_epochs`, `data_sizes`, GRPO overrides)."""
+    return run_task(TASK, output_dir, **kwargs)

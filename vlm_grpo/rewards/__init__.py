@@ -1,15 +1,15 @@
 """Reward functions for GRPO on vision-language tasks, and the registry that builds them from config.
 
-Every reward is called as TRL calls rewards, ``fn(completions, solution, **kwargs) -> list[float | None]``:
-``completions`` holds plain strings or conversational messages, every dataset column arrives as a keyword
-list aligned with them, and unknown keyword arguments are ignored. ``None`` means "this reward does not apply
+Every reward is called as TRL calls rewards, `fn(completions, solution, **kwargs) -> list[float | None]`:
+`completions` holds plain strings or conversational messages, every dataset column arrives as a keyword
+list aligned with them, and unknown keyword arguments are ignored. `None` means "this reward does not apply
 to this sample" (TRL turns it into NaN and leaves it out of the weighted sum); the accuracy rewards return it
-only for a record whose ``solution`` is ``None``, the format rewards never.
+only for a record whose `solution` is `None`, the format rewards never.
 
-Built-in rewards (:data:`REWARDS`): ``format``, ``rec_format``, ``iou``, ``choice_accuracy``,
-``math_accuracy``, ``geo3k`` and ``accuracy``. :func:`get_reward` returns one by name (or dotted path) with
-options bound; :func:`build_rewards` turns the YAML list of specs into TRL's ``reward_funcs`` and
-``reward_weights``.
+Built-in rewards (`REWARDS`): `format`, `rec_format`, `iou`, `choice_accuracy`,
+`math_accuracy`, `geo3k` and `accuracy`. `get_reward` returns one by name (or dotted path) with
+options bound; `build_rewards` turns the YAML list of specs into TRL's `reward_funcs` and
+`reward_weights`.
 """
 
 from .accuracy import ACCURACY_METHODS, METHOD_ALIASES, accuracy

@@ -1,4 +1,4 @@
-"""``accuracy``: per-record dispatch to the accuracy reward named by the ``accu_reward_method`` column."""
+"""`accuracy`: per-record dispatch to the accuracy reward named by the `accu_reward_method` column."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ACCURACY_METHODS: dict[str, Callable[..., list[float | None]]] = {
     "math_accuracy": math_accuracy,
     "geo3k": geo3k,
 }
-"""Accuracy rewards ``accuracy`` can dispatch to, by name."""
+"""Accuracy rewards `accuracy` can dispatch to, by name."""
 
 METHOD_ALIASES: dict[str, str] = {
     "rec": "iou",
@@ -28,23 +28,23 @@ METHOD_ALIASES: dict[str, str] = {
 """Other method names found in VLM-R1 style data, and the accuracy reward each stands for."""
 
 DEFAULT_METHOD = "math_accuracy"
-"""What the method name ``default`` means when no ``default`` option is set (VLM-R1 grades it with math-verify)."""
+"""What the method name `default` means when no `default` option is set (VLM-R1 grades it with math-verify)."""
 
 
 def resolve_method(method: str | None, default: str | None = None) -> str:
-    """Return the accuracy reward name for one record's ``accu_reward_method`` value.
+    """Return the accuracy reward name for one record's `accu_reward_method` value.
 
     Args:
-        method (str | None): the record's value: a name of :data:`ACCURACY_METHODS`, an alias of
-            :data:`METHOD_ALIASES`, ``"default"`` or ``None`` (no value for this record).
-        default (str | None): the ``default`` option of :func:`accuracy`: the method for records with no value
-            and for the value ``"default"``. Default ``None``.
+        method (`str | None`): the record's value: a name of `ACCURACY_METHODS`, an alias of
+            `METHOD_ALIASES`, `"default"` or `None` (no value for this record).
+        default (`str | None`, *optional*, defaults to `None`): the `default` option of `accuracy`: the method for
+            records with no value and for the value `"default"`.
 
     Returns:
-        str: a key of :data:`ACCURACY_METHODS`.
+        `str`: a key of `ACCURACY_METHODS`.
 
     Raises:
-        VLMGRPOError: ``method`` is ``None`` and no ``default`` is set, or a name is unknown.
+        VLMGRPOError: `method` is `None` and no `default` is set, or a name is unknown.
     """
     if method is None:
         if default is None:
@@ -74,30 +74,31 @@ def accuracy(
     default: str | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
-    """Grade each record with the accuracy reward its ``accu_reward_method`` column names.
+    """Grade each record with the accuracy reward its `accu_reward_method` column names.
 
-    Records are grouped by method and each group is passed to that reward (:data:`ACCURACY_METHODS`:
-    ``iou``, ``choice_accuracy``, ``math_accuracy``, ``geo3k``) with the columns sliced to the group, so the
-    group's reward sees the columns it needs (``options``, ``image_size``, ...). Aliases
-    (:data:`METHOD_ALIASES`): ``rec`` -> ``iou``, ``mcq`` and ``choice`` -> ``choice_accuracy``, ``math`` ->
-    ``math_accuracy``. The name ``default`` means the ``default`` option when set, else ``math_accuracy``.
-    Options bound to ``accuracy`` (e.g. ``coords``, ``labels``) reach every method, which ignores the ones
-    that are not its own. A reward's ``None`` (record without a solution) is passed through.
+    Records are grouped by method and each group is passed to that reward (`ACCURACY_METHODS`:
+    `iou`, `choice_accuracy`, `math_accuracy`, `geo3k`) with the columns sliced to the group, so the
+    group's reward sees the columns it needs (`options`, `image_size`, ...). Aliases
+    (`METHOD_ALIASES`): `rec` -> `iou`, `mcq` and `choice` -> `choice_accuracy`, `math` ->
+    `math_accuracy`. The name `default` means the `default` option when set, else `math_accuracy`.
+    Options bound to `accuracy` (e.g. `coords`, `labels`) reach every method, which ignores the ones
+    that are not its own. A reward's `None` (record without a solution) is passed through.
 
     Args:
-        completions (Sequence[str | list[dict]]): the completions, plain strings or conversational messages.
-        solution (Sequence[Any] | None): the ``solution`` column. Default ``None``.
-        accu_reward_method (Sequence[str | None] | None): per record, the method name; the column may be
-            absent (``None``) or hold ``None`` for some records, which then use ``default``. Default ``None``.
-        default (str | None): the method for records without ``accu_reward_method`` and for the name
-            ``default``. Default ``None``: such records raise, except the name ``default``.
-        **kwargs (Any): the other columns and arguments TRL passes, and bound options; handed to each method.
+        completions (`Sequence[str | list[dict]]`): the completions, plain strings or conversational messages.
+        solution (`Sequence[Any] | None`, *optional*, defaults to `None`): the `solution` column.
+        accu_reward_method (`Sequence[str | None] | None`, *optional*, defaults to `None`): per record, the method
+            name; the column may be absent (`None`) or hold `None` for some records, which then use `default`.
+        default (`str | None`, *optional*, defaults to `None`): the method for records without
+            `accu_reward_method` and for the name `default`; when `None`, such records raise, except the name
+            `default`.
+        **kwargs (`Any`): the other columns and arguments TRL passes, and bound options; handed to each method.
 
     Returns:
-        list[float | None]: the reward per completion.
+        `list[float | None]`: the reward per completion.
 
     Raises:
-        VLMGRPOError: a record has no method and no ``default`` is set, or a method name is unknown.
+        VLMGRPOError: a record has no method and no `default` is set, or a method name is unknown.
     """
     size = batch_size(completions, solution)
     if default is not None:

@@ -24,40 +24,40 @@ def choice_accuracy(
 ) -> list[float | None]:
     """1.0 iff the answer names exactly the correct option, by exact (normalized) match only.
 
-    The answer is the content of the last ``<answer>`` block when the completion contains ``<answer>``, else
-    the text outside ``<think>`` blocks. Answer, options and solution are compared after
-    :func:`vlm_grpo.rewards.text.normalize_phrase` (case, surrounding whitespace, trailing period and
+    The answer is the content of the last `<answer>` block when the completion contains `<answer>`, else
+    the text outside `<think>` blocks. Answer, options and solution are compared after
+    `vlm_grpo.rewards.text.normalize_phrase` (case, surrounding whitespace, trailing period and
     repeated spaces ignored).
 
     Rule (simple on purpose, so that it cannot be gamed by substring matching):
 
-    1. The answer names option ``o`` when the whole normalized answer equals the normalized text of ``o``.
-       So ``"red or green"``, ``"red, green, blue"``, ``"reddish"``, the whole option list and an empty
+    1. The answer names option `o` when the whole normalized answer equals the normalized text of `o`.
+       So `"red or green"`, `"red, green, blue"`, `"reddish"`, the whole option list and an empty
        answer name no option and get 0.0.
-    2. Otherwise, when ``labels`` is on and there are at most 26 options, options are also labelled by their
-       position: ``A`` is ``options[0]``, ``B`` is ``options[1]``, ... The answer names an option by its label
-       alone (``"B"``, ``"(B)"``, ``"B)"``, ``"B:"``) or by its label and its text together (``"B. green"``,
-       ``"(B) green"``), where the text must then be that option's text.
+    2. Otherwise, when `labels` is on and there are at most 26 options, options are also labelled by their
+       position: `A` is `options[0]`, `B` is `options[1]`, ... The answer names an option by its label
+       alone (`"B"`, `"(B)"`, `"B)"`, `"B:"`) or by its label and its text together (`"B. green"`,
+       `"(B) green"`), where the text must then be that option's text.
     3. The solution is resolved the same way: an option text, or (under rule 2) a label.
     4. Reward is 1.0 when the option named by the answer is the option of the solution, else 0.0. Options
        with the same normalized text count as one.
 
-    Options must be the bare texts (``"green"``, not ``"B. green"``).
+    Options must be the bare texts (`"green"`, not `"B. green"`).
 
     Args:
-        completions (Sequence[str | list[dict]]): the completions, plain strings or conversational messages.
-        solution (Sequence[str | None] | None): per record, the correct option's text or label, possibly
-            wrapped in ``<answer>``. A record whose solution is ``None`` gets ``None`` (reward does not apply).
-            Default ``None``, which raises: the column is required.
-        labels (bool): accept position labels ``A``, ``B``, ... (rule 2). Default ``True``.
-        **kwargs (Any): must hold the ``options`` column (per record, a list of option texts); every other
+        completions (`Sequence[str | list[dict]]`): the completions, plain strings or conversational messages.
+        solution (`Sequence[str | None] | None`, *optional*, defaults to `None`): per record, the correct
+            option's text or label, possibly wrapped in `<answer>`. A record whose solution is `None` gets `None`
+            (reward does not apply). The column is required: `None` raises.
+        labels (`bool`, *optional*, defaults to `True`): accept position labels `A`, `B`, ... (rule 2).
+        **kwargs (`Any`): must hold the `options` column (per record, a list of option texts); every other
             argument TRL passes is ignored.
 
     Returns:
-        list[float | None]: 1.0, 0.0 or ``None`` per completion.
+        `list[float | None]`: 1.0, 0.0 or `None` per completion.
 
     Raises:
-        VLMGRPOError: the ``options`` or ``solution`` column is missing, or a record's ``options`` is not a
+        VLMGRPOError: the `options` or `solution` column is missing, or a record's `options` is not a
             list of strings, or a solution names none of its options.
     """
     if solution is None:
@@ -99,7 +99,7 @@ def _option_texts(opts: Any, index: int) -> list[str]:
 
 
 def _named_option(answer: str, texts: list[str], labels: bool) -> str | None:
-    """The normalized text of the single option ``answer`` names, or ``None``."""
+    """The normalized text of the single option `answer` names, or `None`."""
     phrase = normalize_phrase(answer)
     if not phrase:
         return None

@@ -1,7 +1,7 @@
 """Access to the dataset columns that TRL passes to reward functions as keyword arguments.
 
-TRL calls a reward as ``fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)``
-where every dataset column is a list aligned with ``completions``.
+TRL calls a reward as `fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)`
+where every dataset column is a list aligned with `completions`.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ from ..errors import VLMGRPOError
 
 
 def require_column(kwargs: Mapping[str, Any], name: str, size: int, reward: str, hint: str = "") -> list[Any]:
-    """Return the column ``name`` from the reward's keyword arguments, checked against the batch size.
+    """Return the column `name` from the reward's keyword arguments, checked against the batch size.
 
     Args:
-        kwargs (Mapping[str, Any]): the keyword arguments the reward received.
-        name (str): the column name.
-        size (int): the number of completions; the column must have as many values.
-        reward (str): the reward's name, for the error message.
-        hint (str): what the column should hold, appended to the error message. Default ``""``.
+        kwargs (`Mapping[str, Any]`): the keyword arguments the reward received.
+        name (`str`): the column name.
+        size (`int`): the number of completions; the column must have as many values.
+        reward (`str`): the reward's name, for the error message.
+        hint (`str`, *optional*, defaults to `""`): what the column should hold, appended to the error message.
 
     Returns:
-        list[Any]: the column values.
+        `list[Any]`: the column values.
 
     Raises:
-        VLMGRPOError: when the column is absent or its length differs from ``size``.
+        VLMGRPOError: when the column is absent or its length differs from `size`.
     """
     values = kwargs.get(name)
     if values is None:
@@ -49,20 +49,20 @@ def require_column(kwargs: Mapping[str, Any], name: str, size: int, reward: str,
 
 
 def require_value(value: Any, name: str, index: int, reward: str, hint: str = "") -> Any:
-    """Return one record's value of a column, raising when it is ``None``.
+    """Return one record's value of a column, raising when it is `None`.
 
     Args:
-        value (Any): the record's value.
-        name (str): the column name, for the error message.
-        index (int): the record's position in the batch, for the error message.
-        reward (str): the reward's name, for the error message.
-        hint (str): what the column should hold, appended to the error message. Default ``""``.
+        value (`Any`): the record's value.
+        name (`str`): the column name, for the error message.
+        index (`int`): the record's position in the batch, for the error message.
+        reward (`str`): the reward's name, for the error message.
+        hint (`str`, *optional*, defaults to `""`): what the column should hold, appended to the error message.
 
     Returns:
-        Any: ``value`` itself.
+        `Any`: `value` itself.
 
     Raises:
-        VLMGRPOError: when ``value`` is ``None``.
+        VLMGRPOError: when `value` is `None`.
     """
     if value is None:
         raise VLMGRPOError(
@@ -73,17 +73,17 @@ def require_value(value: Any, name: str, index: int, reward: str, hint: str = ""
 
 
 def batch_size(completions: Any, solution: Any = None) -> int:
-    """Number of completions, checking that ``solution`` (when given) is aligned with them.
+    """Number of completions, checking that `solution` (when given) is aligned with them.
 
     Args:
-        completions (Sequence): the completions.
-        solution (Sequence | None): the ``solution`` column, or ``None``. Default ``None``.
+        completions (`Sequence`): the completions.
+        solution (`Sequence | None`, *optional*, defaults to `None`): the `solution` column, or `None`.
 
     Returns:
-        int: ``len(completions)``.
+        `int`: `len(completions)`.
 
     Raises:
-        VLMGRPOError: when ``solution`` has a different length.
+        VLMGRPOError: when `solution` has a different length.
     """
     size = len(completions)
     if solution is not None and (isinstance(solution, str) or len(solution) != size):

@@ -1,4 +1,4 @@
-"""Grounding rewards (referring expression comprehension): a box ``[x1, y1, x2, y2]`` in the answer."""
+"""Grounding rewards (referring expression comprehension): a box `[x1, y1, x2, y2]` in the answer."""
 
 from __future__ import annotations
 
@@ -18,21 +18,21 @@ from .text import (
 )
 
 COORDS = ("absolute", "resized", "norm1000")
-"""Accepted values of the ``coords`` option of :func:`iou`."""
+"""Accepted values of the `coords` option of `iou`."""
 
 
 def box_iou(box1: Sequence[float], box2: Sequence[float]) -> float:
-    """Intersection over union of two boxes ``[x1, y1, x2, y2]`` with continuous coordinates.
+    """Intersection over union of two boxes `[x1, y1, x2, y2]` with continuous coordinates.
 
-    ``inter = max(0, min(x2) - max(x1)) * max(0, min(y2) - max(y1))`` and
-    ``union = area1 + area2 - inter``. A degenerate box (``x2 <= x1`` or ``y2 <= y1``) gives 0.0.
+    `inter = max(0, min(x2) - max(x1)) * max(0, min(y2) - max(y1))` and
+    `union = area1 + area2 - inter`. A degenerate box (`x2 <= x1` or `y2 <= y1`) gives 0.0.
 
     Args:
-        box1 (Sequence[float]): first box.
-        box2 (Sequence[float]): second box.
+        box1 (`Sequence[float]`): first box.
+        box2 (`Sequence[float]`): second box.
 
     Returns:
-        float: the IoU in [0, 1].
+        `float`: the IoU in [0, 1].
     """
     ax1, ay1, ax2, ay2 = (float(v) for v in box1)
     bx1, by1, bx2, by2 = (float(v) for v in box2)
@@ -44,17 +44,17 @@ def box_iou(box1: Sequence[float], box2: Sequence[float]) -> float:
 
 
 def rec_format(completions: Sequence[Any], **kwargs: Any) -> list[float]:
-    """1.0 iff the completion passes ``format`` and its ``<answer>`` holds a box ``[x1, y1, x2, y2]``.
+    """1.0 iff the completion passes `format` and its `<answer>` holds a box `[x1, y1, x2, y2]`.
 
     The box is four numbers (ints or floats, optional spaces, negative allowed) in square brackets; other
-    text may surround it inside the answer. Never returns ``None``.
+    text may surround it inside the answer. Never returns `None`.
 
     Args:
-        completions (Sequence[str | list[dict]]): the completions, plain strings or conversational messages.
-        **kwargs (Any): every other argument TRL passes; ignored.
+        completions (`Sequence[str | list[dict]]`): the completions, plain strings or conversational messages.
+        **kwargs (`Any`): every other argument TRL passes; ignored.
 
     Returns:
-        list[float]: 1.0 or 0.0 per completion.
+        `list[float]`: 1.0 or 0.0 per completion.
     """
     rewards = []
     for completion in completions:
@@ -72,30 +72,31 @@ def iou(
 ) -> list[float | None]:
     """IoU between the predicted box and the ground-truth box.
 
-    The predicted box is the first box ``[x1, y1, x2, y2]`` inside the last complete ``<answer>`` block when
-    the completion contains ``<answer>``, otherwise the first box of the text outside ``<think>`` blocks (see
-    :func:`vlm_grpo.rewards.text.answer_or_text`). No box, or a degenerate one, gives 0.0.
+    The predicted box is the first box `[x1, y1, x2, y2]` inside the last complete `<answer>` block when
+    the completion contains `<answer>`, otherwise the first box of the text outside `<think>` blocks (see
+    `vlm_grpo.rewards.text.answer_or_text`). No box, or a degenerate one, gives 0.0.
 
     Args:
-        completions (Sequence[str | list[dict]]): the completions, plain strings or conversational messages.
-        solution (Sequence[list[float] | str | None] | None): per record, the ground-truth box in pixels of the
-            original image: four numbers, or a string holding one (``"[1, 2, 3, 4]"``, possibly wrapped in
-            ``<answer>``). A record whose solution is ``None`` gets ``None`` (reward does not apply).
-            Default ``None``, which raises: the column is required.
-        coords (str): how the predicted coordinates relate to the original image. Default ``"absolute"``.
+        completions (`Sequence[str | list[dict]]`): the completions, plain strings or conversational messages.
+        solution (`Sequence[list[float] | str | None] | None`, *optional*, defaults to `None`): per record, the
+            ground-truth box in pixels of the original image: four numbers, or a string holding one
+            (`"[1, 2, 3, 4]"`, possibly wrapped in `<answer>`). A record whose solution is `None` gets `None`
+            (reward does not apply). The column is required: `None` raises.
+        coords (`str`, *optional*, defaults to `"absolute"`): how the predicted coordinates relate to the original
+            image.
 
-            - ``"absolute"``: compared as they are.
-            - ``"resized"``: pixels of the resized image the model saw; scaled by the ``image_size`` column
-              (``[w, h]`` of the original) over the ``model_image_size`` column (``[w, h]`` seen by the model).
-            - ``"norm1000"``: values in [0, 1000] (Qwen3-VL style); scaled by ``image_size`` / 1000.
-        **kwargs (Any): dataset columns (``image_size``, ``model_image_size`` as needed by ``coords``) and
+            - `"absolute"`: compared as they are.
+            - `"resized"`: pixels of the resized image the model saw; scaled by the `image_size` column
+              (`[w, h]` of the original) over the `model_image_size` column (`[w, h]` seen by the model).
+            - `"norm1000"`: values in [0, 1000] (Qwen3-VL style); scaled by `image_size` / 1000.
+        **kwargs (`Any`): dataset columns (`image_size`, `model_image_size` as needed by `coords`) and
             every other argument TRL passes, which is ignored.
 
     Returns:
-        list[float | None]: the IoU per completion.
+        `list[float | None]`: the IoU per completion.
 
     Raises:
-        VLMGRPOError: unknown ``coords``; a missing column needed by ``coords`` or a missing ``solution``
+        VLMGRPOError: unknown `coords`; a missing column needed by `coords` or a missing `solution`
             column; a solution or size that is not what is described above.
     """
     if coords not in COORDS:

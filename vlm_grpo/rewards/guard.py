@@ -48,9 +48,10 @@ def guard_reward(
     Args:
         func (`Callable`): a reward `fn(prompts=..., completions=..., **columns) -> list[float | None]`.
         name (`str`): the name used in messages and metrics (`__name__` of the wrapper).
-        failures (`list[RewardError] | None`, defaults to None): when given, a failure is appended here and the
-            call returns None for every completion instead of raising, so that a distributed caller can first
-            finish its collectives and then stop every process together (see `VLMGRPOTrainer._calculate_rewards`).
+        failures (`list[RewardError] | None`, *optional*, defaults to `None`): when given, a failure is appended
+            here and the call returns None for every completion instead of raising, so that a distributed caller
+            can first finish its collectives and then stop every process together (see
+            `VLMGRPOTrainer._calculate_rewards`).
 
     Returns:
         `Callable`: same signature; returns the same values when they are valid (one number, bool or None per

@@ -1,4 +1,4 @@
-"""Math rewards: the final answer is mathematically equal to the solution (graded with ``math-verify``)."""
+"""Math rewards: the final answer is mathematically equal to the solution (graded with `math-verify`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ _WORDS_RE = re.compile(r"[^\W\d_]{2,}(?:\s+[^\W\d_]+)*", re.UNICODE)
 """A purely verbal answer ("yes", "red car"): compared as a phrase, not as a product of symbols."""
 
 TIMEOUT_SECONDS = 5
-"""Time limit of one ``math-verify`` parse or comparison; applied only in the main thread (it uses SIGALRM)."""
+"""Time limit of one `math-verify` parse or comparison; applied only in the main thread (it uses SIGALRM)."""
 
 
 def _math_verify() -> tuple[Any, Any]:
@@ -38,23 +38,23 @@ def _math_verify() -> tuple[Any, Any]:
 
 
 def math_equal(answer: str, solution: str) -> bool:
-    """Whether ``answer`` is mathematically equal to ``solution`` (both LaTeX or plain expressions).
+    """Whether `answer` is mathematically equal to `solution` (both LaTeX or plain expressions).
 
-    Both sides are parsed as a whole, as if written in ``\\boxed{...}``, so that text around a number
-    (``"it is 3 or 5"``) is not searched for something that happens to match. Math delimiters (``$...$``,
-    ``\\(...\\)``) and units are handled by ``math-verify``. Answers equal as phrases
-    (:func:`vlm_grpo.rewards.text.normalize_phrase`) are equal without parsing. A purely verbal solution
-    (letters and spaces only, at least two letters, e.g. ``"yes"``) is compared only as a phrase, because
-    ``math-verify`` would read it as a product of symbols (``"cat" == "tac"``). Parsing and comparison are
-    time-limited to :data:`TIMEOUT_SECONDS` in the main thread; in other threads the signal-based limit is
+    Both sides are parsed as a whole, as if written in `\\boxed{...}`, so that text around a number
+    (`"it is 3 or 5"`) is not searched for something that happens to match. Math delimiters (`$...$`,
+    `\\(...\\)`) and units are handled by `math-verify`. Answers equal as phrases
+    (`vlm_grpo.rewards.text.normalize_phrase`) are equal without parsing. A purely verbal solution
+    (letters and spaces only, at least two letters, e.g. `"yes"`) is compared only as a phrase, because
+    `math-verify` would read it as a product of symbols (`"cat" == "tac"`). Parsing and comparison are
+    time-limited to `TIMEOUT_SECONDS` in the main thread; in other threads the signal-based limit is
     unavailable and none is applied.
 
     Args:
-        answer (str): the model's answer.
-        solution (str): the ground truth.
+        answer (`str`): the model's answer.
+        solution (`str`): the ground truth.
 
     Returns:
-        bool: ``True`` when equal.
+        `bool`: `True` when equal.
     """
     answer, solution = answer.strip(), solution.strip()
     if not answer or not solution:
@@ -73,7 +73,7 @@ def math_equal(answer: str, solution: str) -> bool:
 
 
 def _final_answer(text: str) -> str | None:
-    """The last ``\\boxed{}`` content of the text, else the last ``<answer>`` content, else ``None``."""
+    """The last `\\boxed{}` content of the text, else the last `<answer>` content, else `None`."""
     boxed = last_boxed(text)
     return boxed if boxed is not None else extract_answer(text)
 
@@ -89,23 +89,24 @@ def _solution_text(sol: Any) -> str:
 def math_accuracy(
     completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[float | None]:
-    """1.0 iff the final answer is mathematically equal to the solution (see :func:`math_equal`).
+    """1.0 iff the final answer is mathematically equal to the solution (see `math_equal`).
 
-    The final answer is the content of the last ``\\boxed{...}`` in the completion (balanced braces, nesting
-    allowed), else of the last complete ``<answer>`` block; with neither there is nothing to grade: 0.0.
+    The final answer is the content of the last `\\boxed{...}` in the completion (balanced braces, nesting
+    allowed), else of the last complete `<answer>` block; with neither there is nothing to grade: 0.0.
 
     Args:
-        completions (Sequence[str | list[dict]]): the completions, plain strings or conversational messages.
-        solution (Sequence[str | float | None] | None): per record, the ground truth (LaTeX, a plain
-            expression or a number), possibly wrapped in ``<answer>`` or in ``\\boxed{}``. A record whose
-            solution is ``None`` gets ``None`` (reward does not apply). Default ``None``, which raises.
-        **kwargs (Any): every other argument TRL passes; ignored.
+        completions (`Sequence[str | list[dict]]`): the completions, plain strings or conversational messages.
+        solution (`Sequence[str | float | None] | None`, *optional*, defaults to `None`): per record, the ground
+            truth (LaTeX, a plain expression or a number), possibly wrapped in `<answer>` or in `\\boxed{}`. A
+            record whose solution is `None` gets `None` (reward does not apply). The column is required: `None`
+            raises.
+        **kwargs (`Any`): every other argument TRL passes; ignored.
 
     Returns:
-        list[float | None]: 1.0, 0.0 or ``None`` per completion.
+        `list[float | None]`: 1.0, 0.0 or `None` per completion.
 
     Raises:
-        VLMGRPOError: the ``solution`` column is missing.
+        VLMGRPOError: the `solution` column is missing.
     """
     if solution is None:
         raise VLMGRPOError(
@@ -123,15 +124,15 @@ def math_accuracy(
 
 
 def has_geo_format(text: str) -> bool:
-    """Whether ``text`` starts with ``<think>...</think>`` followed, after anything, by a closed ``\\boxed{...}``.
+    """Whether `text` starts with `<think>...</think>` followed, after anything, by a closed `\\boxed{...}`.
 
-    Leading whitespace is allowed; any text may come between ``</think>`` and ``\\boxed{`` and after the box.
+    Leading whitespace is allowed; any text may come between `</think>` and `\\boxed{` and after the box.
 
     Args:
-        text (str): the completion text.
+        text (`str`): the completion text.
 
     Returns:
-        bool: ``True`` when the format holds.
+        `bool`: `True` when the format holds.
     """
     text = text.lstrip()
     if not text.startswith(THINK_OPEN):
@@ -143,22 +144,22 @@ def has_geo_format(text: str) -> bool:
 def geo3k(
     completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[float | None]:
-    """Geometry3K score: ``0.9 * math_accuracy + 0.1 * geo_format``.
+    """Geometry3K score: `0.9 * math_accuracy + 0.1 * geo_format`.
 
-    ``geo_format`` is 1.0 iff :func:`has_geo_format` holds. Possible values: 0.0, 0.1, 0.9 and 1.0.
+    `geo_format` is 1.0 iff `has_geo_format` holds. Possible values: 0.0, 0.1, 0.9 and 1.0.
 
     Args:
-        completions (Sequence[str | list[dict]]): the completions, plain strings or conversational messages.
-        solution (Sequence[str | float | None] | None): per record, the ground truth, as for
-            :func:`math_accuracy`. A record whose solution is ``None`` gets ``None``. Default ``None``, which
-            raises.
-        **kwargs (Any): every other argument TRL passes; ignored.
+        completions (`Sequence[str | list[dict]]`): the completions, plain strings or conversational messages.
+        solution (`Sequence[str | float | None] | None`, *optional*, defaults to `None`): per record, the ground
+            truth, as for `math_accuracy`. A record whose solution is `None` gets `None`. The column is required:
+            `None` raises.
+        **kwargs (`Any`): every other argument TRL passes; ignored.
 
     Returns:
-        list[float | None]: the score per completion.
+        `list[float | None]`: the score per completion.
 
     Raises:
-        VLMGRPOError: the ``solution`` column is missing.
+        VLMGRPOError: the `solution` column is missing.
     """
     if solution is None:
         raise VLMGRPOError("Reward 'geo3k' needs the dataset column 'solution' with the ground-truth answer.")

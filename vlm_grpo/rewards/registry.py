@@ -27,7 +27,7 @@ REWARDS: dict[str, RewardFunc] = {
     "geo3k": geo3k,
     "accuracy": accuracy,
 }
-"""Built-in rewards by name. Each is called as TRL calls rewards: ``fn(completions, solution, **kwargs)``."""
+"""Built-in rewards by name. Each is called as TRL calls rewards: `fn(completions, solution, **kwargs)`."""
 
 TRL_CALL_ARGUMENTS = ("completions", "prompts", "completion_ids", "trainer_state", "log_metric", "log_extra")
 """Keywords TRL passes to every reward call; never options of a reward spec."""
@@ -36,14 +36,15 @@ TRL_CALL_ARGUMENTS = ("completions", "prompts", "completion_ids", "trainer_state
 class NamedReward:
     """A reward function with bound options and the name TRL logs it under.
 
-    TRL logs each reward's metrics under ``reward_func.__name__`` (``rewards/<name>/mean``); this wrapper
+    TRL logs each reward's metrics under `reward_func.__name__` (`rewards/<name>/mean`); this wrapper
     carries that name as an attribute. It is picklable when the wrapped function is (module-level functions
     are). Bound options take precedence over keyword arguments of the same name given at call time.
 
     Args:
-        func (Callable): the reward function.
-        name (str): the name to log under (``__name__``).
-        options (Mapping[str, Any] | None): keyword arguments bound to every call. Default ``None``.
+        func (`Callable`): the reward function.
+        name (`str`): the name to log under (`__name__`).
+        options (`Mapping[str, Any] | None`, *optional*, defaults to `None`): keyword arguments bound to every
+            call.
     """
 
     def __init__(self, func: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None) -> None:
@@ -62,7 +63,7 @@ class NamedReward:
 
 
 class AsyncNamedReward(NamedReward):
-    """:class:`NamedReward` for an ``async`` reward function; TRL awaits it (it checks ``__call__``)."""
+    """`NamedReward` for an `async` reward function; TRL awaits it (it checks `__call__`)."""
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return await self.func(*args, **{**kwargs, **self.options})
@@ -73,7 +74,7 @@ def _is_async(func: Callable[..., Any]) -> bool:
 
 
 def _import_reward(path: str) -> tuple[Callable[..., Any], str]:
-    """Import ``package.module.attr`` and return the callable and its name."""
+    """Import `package.module.attr` and return the callable and its name."""
     module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
         raise VLMGRPOError(f"Reward {path!r} is not a dotted path 'package.module.function'.")
@@ -104,19 +105,19 @@ def _import_reward(path: str) -> tuple[Callable[..., Any], str]:
 
 
 def get_reward(name: str, **kwargs: Any) -> NamedReward:
-    """Return the reward called ``name``, with ``kwargs`` bound as its options.
+    """Return the reward called `name`, with `kwargs` bound as its options.
 
     Args:
-        name (str): a key of :data:`REWARDS` (``format``, ``rec_format``, ``iou``, ``choice_accuracy``,
-            ``math_accuracy``, ``geo3k``, ``accuracy``), or a dotted path ``package.module.function`` to a
-            user reward, imported with :mod:`importlib`.
-        **kwargs (Any): options bound to every call, e.g. ``coords="norm1000"`` for ``iou``. Each must be a
-            keyword the function names in its signature; a user function that takes ``**kwargs`` accepts any.
+        name (`str`): a key of `REWARDS` (`format`, `rec_format`, `iou`, `choice_accuracy`,
+            `math_accuracy`, `geo3k`, `accuracy`), or a dotted path `package.module.function` to a
+            user reward, imported with `importlib`.
+        **kwargs (`Any`): options bound to every call, e.g. `coords="norm1000"` for `iou`. Each must be a
+            keyword the function names in its signature; a user function that takes `**kwargs` accepts any.
 
     Returns:
-        NamedReward: a callable ``fn(completions, solution, **kwargs)`` whose ``__name__`` is ``name`` for a
-        built-in and the function's own ``__name__`` for a dotted path. An ``async`` user function gives an
-        :class:`AsyncNamedReward`.
+        `NamedReward`: a callable `fn(completions, solution, **kwargs)` whose `__name__` is `name` for a
+        built-in and the function's own `__name__` for a dotted path. An `async` user function gives an
+        `AsyncNamedReward`.
 
     Raises:
         VLMGRPOError: an unknown name without a dot (the message lists the built-in names), a dotted path
@@ -126,7 +127,7 @@ def get_reward(name: str, **kwargs: Any) -> NamedReward:
 
 
 def _make_reward(name: Any, options: Mapping[str, Any], spec_keys: tuple[str, ...] = ()) -> NamedReward:
-    """`get_reward`; `spec_keys` are the other keys valid where the options came from (``name``, ``weight``)."""
+    """`get_reward`; `spec_keys` are the other keys valid where the options came from (`name`, `weight`)."""
     if not isinstance(name, str) or not name.strip():
         raise VLMGRPOError(
             f"Reward name must be a non-empty string, got {name!r}. Built-in rewards: {_builtins()}."
@@ -147,8 +148,8 @@ def _make_reward(name: Any, options: Mapping[str, Any], spec_keys: tuple[str, ..
 
 
 def reward_options(func: Callable[..., Any]) -> tuple[list[str], bool] | None:
-    """The options a reward takes: the keywords its signature names (not ``completions`` nor TRL's call
-    arguments), and whether it also takes ``**kwargs``; None when Python cannot read its signature."""
+    """The options a reward takes: the keywords its signature names (not `completions` nor TRL's call
+    arguments), and whether it also takes `**kwargs`; None when Python cannot read its signature."""
     try:
         parameters = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):  # some C callables have no readable signature
@@ -167,8 +168,8 @@ def _check_options(
 ) -> None:
     """Refuse an option the reward does not take, naming the closest valid key.
 
-    Built-in rewards take ``**kwargs`` only to receive the dataset columns, so their options are the keywords
-    they name; a user reward that takes ``**kwargs`` (``any_keyword``) accepts any option.
+    Built-in rewards take `**kwargs` only to receive the dataset columns, so their options are the keywords
+    they name; a user reward that takes `**kwargs` (`any_keyword`) accepts any option.
     """
     accepted = reward_options(func)
     if accepted is None:
@@ -189,9 +190,9 @@ def _builtins() -> str:
 
 
 def build_rewards(specs: Iterable[str | Mapping[str, Any]] | None) -> tuple[list[NamedReward], list[float]]:
-    """Build TRL's ``reward_funcs`` and ``reward_weights`` from the YAML list of reward specs.
+    """Build TRL's `reward_funcs` and `reward_weights` from the YAML list of reward specs.
 
-    Each spec is either a name (weight 1.0) or a mapping with ``name``, an optional ``weight`` (a number,
+    Each spec is either a name (weight 1.0) or a mapping with `name`, an optional `weight` (a number,
     default 1.0) and any other keys, which are bound as options of the reward::
 
         rewards:
@@ -200,18 +201,18 @@ def build_rewards(specs: Iterable[str | Mapping[str, Any]] | None) -> tuple[list
           - {name: my_pkg.rewards.length_penalty}
           - format
 
-    When two specs give the same logged name (``iou`` twice with different options), the later ones are
-    logged as ``iou_2``, ``iou_3``, ... so that their metrics stay apart.
+    When two specs give the same logged name (`iou` twice with different options), the later ones are
+    logged as `iou_2`, `iou_3`, ... so that their metrics stay apart.
 
     Args:
-        specs (Iterable[str | Mapping[str, Any]] | None): the specs; ``None`` or empty gives no rewards.
+        specs (`Iterable[str | Mapping[str, Any]] | None`): the specs; `None` or empty gives no rewards.
 
     Returns:
-        tuple[list[NamedReward], list[float]]: the reward callables and their weights, in spec order.
+        `tuple[list[NamedReward], list[float]]`: the reward callables and their weights, in spec order.
 
     Raises:
-        VLMGRPOError: a spec that is neither a string nor a mapping, a mapping without ``name``, a weight that
-            is not a number, or a name :func:`get_reward` rejects.
+        VLMGRPOError: a spec that is neither a string nor a mapping, a mapping without `name`, a weight that
+            is not a number, or a name `get_reward` rejects.
     """
     if specs is None:
         return [], []

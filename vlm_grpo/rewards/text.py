@@ -1,4 +1,4 @@
-"""Text helpers shared by the rewards: completion flattening and tag, box and ``\\boxed{}`` parsing.
+"""Text helpers shared by the rewards: completion flattening and tag, box and `\\boxed{}` parsing.
 
 All helpers are pure functions on strings; none of them raises on odd model output.
 """
@@ -25,13 +25,13 @@ def completion_text(completion: Any) -> str:
     """Return the text of one completion as TRL passes it to reward functions.
 
     Args:
-        completion (str | list[dict] | dict | None): a plain string, or a conversational completion: a list of
-            messages ``{"role": ..., "content": ...}`` (the last ``assistant`` message is used, or the last
-            message when none has that role), or a single message. ``content`` may be a string or a list of
-            parts ``{"type": "text", "text": ...}``; non-text parts (images) are skipped.
+        completion (`str | list[dict] | dict | None`): a plain string, or a conversational completion: a list of
+            messages `{"role": ..., "content": ...}` (the last `assistant` message is used, or the last
+            message when none has that role), or a single message. `content` may be a string or a list of
+            parts `{"type": "text", "text": ...}`; non-text parts (images) are skipped.
 
     Returns:
-        str: the text, ``""`` for ``None`` or empty content.
+        `str`: the text, `""` for `None` or empty content.
     """
     if completion is None:
         return ""
@@ -65,13 +65,13 @@ def _content_text(content: Any) -> str:
 
 
 def strip_answer_tag(solution: Any) -> Any:
-    """Unwrap a ground truth written as ``<answer>...</answer>`` (as VLM-R1 data stores it).
+    """Unwrap a ground truth written as `<answer>...</answer>` (as VLM-R1 data stores it).
 
     Args:
-        solution (Any): the ``solution`` value of one record. Non-strings are returned unchanged.
+        solution (`Any`): the `solution` value of one record. Non-strings are returned unchanged.
 
     Returns:
-        Any: the content of the last ``<answer>`` block, stripped, when the string has one; otherwise the
+        `Any`: the content of the last `<answer>` block, stripped, when the string has one; otherwise the
         stripped string (or the value unchanged when it is not a string).
     """
     if not isinstance(solution, str):
@@ -81,16 +81,16 @@ def strip_answer_tag(solution: Any) -> Any:
 
 
 def has_think_answer_format(text: str) -> bool:
-    """Whether ``text`` is exactly ``<think>...</think>`` then ``<answer>...</answer>``.
+    """Whether `text` is exactly `<think>...</think>` then `<answer>...</answer>`.
 
     Whitespace is allowed before, between and after the two blocks; nothing else is. Each tag must appear
-    exactly once, so an answer smuggled into a second ``<answer>`` block, or tags nested inside a block, fail.
+    exactly once, so an answer smuggled into a second `<answer>` block, or tags nested inside a block, fail.
 
     Args:
-        text (str): the completion text.
+        text (`str`): the completion text.
 
     Returns:
-        bool: ``True`` when the format holds.
+        `bool`: `True` when the format holds.
     """
     if _FORMAT_RE.fullmatch(text) is None:
         return False
@@ -98,13 +98,13 @@ def has_think_answer_format(text: str) -> bool:
 
 
 def extract_answer(text: str) -> str | None:
-    """Return the stripped content of the last complete ``<answer>...</answer>`` block.
+    """Return the stripped content of the last complete `<answer>...</answer>` block.
 
     Args:
-        text (str): the completion text.
+        text (`str`): the completion text.
 
     Returns:
-        str | None: the content, or ``None`` when there is no complete block.
+        `str | None`: the content, or `None` when there is no complete block.
     """
     found = _ANSWER_RE.findall(text)
     return found[-1].strip() if found else None
@@ -113,16 +113,16 @@ def extract_answer(text: str) -> str | None:
 def answer_or_text(text: str) -> str | None:
     """Return the part of a completion that holds its answer.
 
-    Rule: when the text contains ``<answer>`` at all, the answer is the content of the last complete
-    ``<answer>...</answer>`` block, and ``None`` when that block is never closed (a truncated answer is not
-    graded). Without an ``<answer>`` tag the answer is the whole text with any ``<think>...</think>`` blocks
+    Rule: when the text contains `<answer>` at all, the answer is the content of the last complete
+    `<answer>...</answer>` block, and `None` when that block is never closed (a truncated answer is not
+    graded). Without an `<answer>` tag the answer is the whole text with any `<think>...</think>` blocks
     removed, stripped.
 
     Args:
-        text (str): the completion text.
+        text (`str`): the completion text.
 
     Returns:
-        str | None: the answer text, or ``None`` when there is nothing to grade.
+        `str | None`: the answer text, or `None` when there is nothing to grade.
     """
     if ANSWER_OPEN in text:
         return extract_answer(text)
@@ -130,29 +130,29 @@ def answer_or_text(text: str) -> str | None:
 
 
 def find_box(text: str) -> list[float] | None:
-    """Return the first box ``[x1, y1, x2, y2]`` written in ``text``.
+    """Return the first box `[x1, y1, x2, y2]` written in `text`.
 
     A box is four numbers (ints or floats, optional sign, optional spaces) in square brackets separated by
-    commas, e.g. ``[10, 20.5, -3, 4]``; a box inside JSON such as ``{"bbox_2d": [1, 2, 3, 4]}`` is found too.
+    commas, e.g. `[10, 20.5, -3, 4]`; a box inside JSON such as `{"bbox_2d": [1, 2, 3, 4]}` is found too.
 
     Args:
-        text (str): text to search.
+        text (`str`): text to search.
 
     Returns:
-        list[float] | None: the four coordinates, or ``None`` when no box is written.
+        `list[float] | None`: the four coordinates, or `None` when no box is written.
     """
     match = _BOX_RE.search(text)
     return [float(v) for v in match.groups()] if match else None
 
 
 def last_boxed(text: str) -> str | None:
-    """Return the content of the last ``\\boxed{...}`` in ``text``, braces balanced (nesting allowed).
+    """Return the content of the last `\\boxed{...}` in `text`, braces balanced (nesting allowed).
 
     Args:
-        text (str): text to search.
+        text (`str`): text to search.
 
     Returns:
-        str | None: the stripped content, or ``None`` when there is no closed ``\\boxed{``.
+        `str | None`: the stripped content, or `None` when there is no closed `\\boxed{`.
     """
     for match in reversed(list(_BOXED_RE.finditer(text))):
         content = _balanced(text, match.end())
@@ -162,14 +162,14 @@ def last_boxed(text: str) -> str | None:
 
 
 def boxed_end(text: str, start: int = 0) -> int | None:
-    """Return the index just after the first closed ``\\boxed{...}`` at or after ``start``.
+    """Return the index just after the first closed `\\boxed{...}` at or after `start`.
 
     Args:
-        text (str): text to search.
-        start (int): where to start searching. Default 0.
+        text (`str`): text to search.
+        start (`int`, *optional*, defaults to `0`): where to start searching.
 
     Returns:
-        int | None: the end index, or ``None`` when there is no closed ``\\boxed{`` there.
+        `int | None`: the end index, or `None` when there is no closed `\\boxed{` there.
     """
     for match in _BOXED_RE.finditer(text, start):
         content = _balanced(text, match.end())
@@ -179,7 +179,7 @@ def boxed_end(text: str, start: int = 0) -> int | None:
 
 
 def _balanced(text: str, start: int) -> str | None:
-    """Content from ``start`` (just after an opening brace) to its matching closing brace."""
+    """Content from `start` (just after an opening brace) to its matching closing brace."""
     depth = 1
     for i in range(start, len(text)):
         char = text[i]
@@ -196,12 +196,12 @@ def normalize_phrase(text: str) -> str:
     """Normalize a short answer for exact comparison.
 
     Strips surrounding whitespace and trailing periods, collapses runs of whitespace to one space and
-    case-folds: ``" Red. "`` -> ``"red"``, ``"Coca  Cola"`` -> ``"coca cola"``.
+    case-folds: `" Red. "` -> `"red"`, `"Coca  Cola"` -> `"coca cola"`.
 
     Args:
-        text (str): the phrase.
+        text (`str`): the phrase.
 
     Returns:
-        str: the normalized phrase.
+        `str`: the normalized phrase.
     """
     return " ".join(text.strip().rstrip(".").split()).casefold()
