@@ -15,7 +15,7 @@ from conftest import write_color_data
 from transformers.utils import is_torch_bf16_gpu_available
 
 from vlm_grpo.cli import main as cli_main
-from vlm_grpo.demo import run_demo
+from vlm_grpo.commands.demo import run_demo
 from vlm_grpo.testing import DEFAULT_FAMILY
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from vlm_grpo.demo import TASKS, main, summary
+from vlm_grpo.commands.demo import TASKS, main, summary
 from vlm_grpo.demos import brand, grounding, segments
 from vlm_grpo.rewards import build_rewards
 

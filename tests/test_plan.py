@@ -264,7 +264,7 @@ RECIPE_PEAK = re.compile(
     "recipe", sorted(p.name for p in (Path(__file__).parents[1] / "recipes").glob("*.yaml"))
 )
 def test_each_recipe_states_the_peak_the_planner_gives(recipe, capsys, monkeypatch):
-    from vlm_grpo.plan import main
+    from vlm_grpo.commands.plan import main
 
     root = Path(__file__).parents[1]
     text = (root / "recipes" / recipe).read_text(encoding="utf-8")

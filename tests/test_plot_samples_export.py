@@ -12,11 +12,11 @@ from trl.data_utils import prepare_multimodal_messages
 
 from vlm_grpo import VLMGRPOTrainer, get_model_family
 from vlm_grpo.cli import main as cli_main
+from vlm_grpo.commands.export import export_merged
+from vlm_grpo.commands.plot import find_trainer_state, load_log_history, plot_run, plot_title
+from vlm_grpo.commands.samples import read_samples, render_html
 from vlm_grpo.errors import VLMGRPOError
-from vlm_grpo.export import export_merged
-from vlm_grpo.plot import find_trainer_state, load_log_history, plot_run, plot_title
 from vlm_grpo.sample_log import samples_path, write_samples
-from vlm_grpo.samples import read_samples, render_html
 from vlm_grpo.testing import DEFAULT_FAMILY
 
 # ------------------------------------------------------------------------------------------------------ plot
@@ -227,7 +227,7 @@ def test_export_refuses_a_missing_adapter(tiny_model, tmp_path, capsys):
 
 
 def test_panels_merge_and_accuracy_rewards_feed_the_accuracy_panel():
-    from vlm_grpo.plot import curve_panels
+    from vlm_grpo.commands.plot import curve_panels
 
     one = [{"step": 1, "reward": 0.5, "rewards/iou/mean": 0.5, "completions/mean_length": 9.0}]
     titles = [title for _, title, _, _ in curve_panels(one)]
@@ -244,7 +244,7 @@ def test_panels_merge_and_accuracy_rewards_feed_the_accuracy_panel():
 
 
 def test_near_constant_series_are_drawn_flat():
-    from vlm_grpo.plot import y_limits
+    from vlm_grpo.commands.plot import y_limits
 
     low, high = y_limits(0.5001, 0.5003)  # rounding noise around 0.5
     assert high - low >= 0.05 * 0.5 and low < 0.5001 and high > 0.5003
@@ -260,7 +260,7 @@ def test_grounding_samples_draw_the_solution_and_each_predicted_box(tmp_path):
     import io
     import re
 
-    from vlm_grpo.samples import BOX_COLORS, SOLUTION_COLOR
+    from vlm_grpo.commands.samples import BOX_COLORS, SOLUTION_COLOR
 
     image_path = tmp_path / "rec.png"
     Image.new("RGB", (56, 56), (255, 255, 255)).save(image_path)
@@ -301,8 +301,8 @@ def test_samples_page_keeps_a_bounded_number_of_groups_and_small_images(tmp_path
 
     import numpy as np
 
-    from vlm_grpo.samples import IMAGE_BYTES, MAX_GROUPS
-    from vlm_grpo.samples import main as samples_main
+    from vlm_grpo.commands.samples import IMAGE_BYTES, MAX_GROUPS
+    from vlm_grpo.commands.samples import main as samples_main
 
     noise = np.random.default_rng(0).integers(100, 151, (112, 112, 3)).astype(np.uint8)
     Image.fromarray(noise).save(tmp_path / "noise.png")

@@ -19,12 +19,12 @@ from .notices import quiet_third_party
 
 COMMANDS = {
     "train": ("vlm_grpo.train", "train with GRPO from a YAML config"),
-    "eval": ("vlm_grpo.evaluate", "evaluate a model on a data config"),
-    "demo": ("vlm_grpo.demo", "train a tiny VLM on a synthetic task and evaluate it"),
-    "plot": ("vlm_grpo.plot", "plot reward, accuracy, length, KL and entropy of a run"),
-    "samples": ("vlm_grpo.samples", "render a run's logged samples as HTML"),
-    "export": ("vlm_grpo.export", "merge a LoRA adapter into its base model"),
-    "plan": ("vlm_grpo.plan", "predict a recipe's per-GPU memory before launching it"),
+    "eval": ("vlm_grpo.commands.evaluate", "evaluate a model on a data config"),
+    "demo": ("vlm_grpo.commands.demo", "train a tiny VLM on a synthetic task and evaluate it"),
+    "plot": ("vlm_grpo.commands.plot", "plot reward, accuracy, length, KL and entropy of a run"),
+    "samples": ("vlm_grpo.commands.samples", "render a run's logged samples as HTML"),
+    "export": ("vlm_grpo.commands.export", "merge a LoRA adapter into its base model"),
+    "plan": ("vlm_grpo.commands.plan", "predict a recipe's per-GPU memory before launching it"),
     "tiny-model": ("vlm_grpo.tiny_model", "build a tiny random model of a family, for a smoke run"),
 }
 

@@ -1,6 +1,6 @@
 """Small pieces of a rollout that do not depend on the model: images of a row, the same-prompt rule, padding.
 
-The trainer (`VLMGRPOTrainer._generate_and_score_completions`), evaluation (`vlm_grpo.evaluate`) and the vLLM
+The trainer (`VLMGRPOTrainer._generate_and_score_completions`), evaluation (`vlm_grpo.commands.evaluate`) and the vLLM
 payload (`vlm_grpo.vllm_payload`) share them, so that each rule exists once.
 """
 

@@ -7,7 +7,7 @@ one JSON line per prompt group:
      "completions": ["red", "blue"], "rewards": {"accuracy": [1.0, 0.0]}, "advantages": [0.71, -0.71]}
 
 `images` holds file paths ("" for an image that had no file); a reward is null where it does not apply.
-`vlm_grpo.samples` reads these files back and renders them as an HTML page.
+`vlm_grpo.commands.samples` reads these files back and renders them as an HTML page.
 """
 
 from __future__ import annotations

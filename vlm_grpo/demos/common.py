@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..commands.evaluate import evaluate
+from ..commands.plot import plot_run
+from ..commands.samples import render_html
 from ..config import VLMGRPOConfig, VLMModelConfig
 from ..data import load_data_config
-from ..evaluate import evaluate
-from ..plot import plot_run
-from ..samples import render_html
 from ..testing import ROLE_WORDS
 from ..testing.qwen import build_qwen
 from ..train import ScriptArguments, run
@@ -71,7 +71,7 @@ def evaluate_stage(
         label (`str`): the stage, for the printed line (`"start"`, `"after warm start"`, ...).
 
     Returns:
-        `dict`: the report of `vlm_grpo.evaluate.evaluate` plus `seconds`.
+        `dict`: the report of `vlm_grpo.commands.evaluate.evaluate` plus `seconds`.
     """
     start = time.perf_counter()
     report = evaluate(

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import VLMGRPOError, run_cli
-from .rewards.accuracy import ACCURACY_METHODS
+from ..errors import VLMGRPOError, run_cli
+from ..rewards.accuracy import ACCURACY_METHODS
 
 ACCURACY_REWARDS = ("accuracy", *ACCURACY_METHODS)
 """Rewards that measure whether the answer is right: `accuracy` and each reward it dispatches to."""

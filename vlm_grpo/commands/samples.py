@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import VLMGRPOError, run_cli
-from .sample_log import SAMPLE_FILE, SAMPLES_DIR
+from ..errors import VLMGRPOError, run_cli
+from ..sample_log import SAMPLE_FILE, SAMPLES_DIR
 
 DEFAULT_OUTPUT = "samples.html"
 MAX_GROUPS = 8
@@ -158,7 +158,7 @@ def record_boxes(record: dict[str, Any]) -> tuple[list[float] | None, list[list[
     A record is a grounding one when its solution is a box `[x1, y1, x2, y2]` (a list, or text holding one, as the
     `iou` reward reads it); each completion's box is the one `iou` scores (None when it wrote none).
     """
-    from .rewards.text import answer_or_text, find_box, strip_answer_tag
+    from ..rewards.text import answer_or_text, find_box, strip_answer_tag
 
     solution = strip_answer_tag(record.get("solution"))
     if isinstance(solution, str):

@@ -26,12 +26,12 @@ import yaml
 from transformers.trainer_utils import set_seed
 from trl.data_utils import prepare_multimodal_messages
 
-from .data import load_data_config
-from .device import default_device
-from .errors import VLMGRPOError
-from .models import ModelFamily, get_model_family
-from .rewards import build_rewards
-from .rollout import load_rows, pad_rows
+from ..data import load_data_config
+from ..device import default_device
+from ..errors import VLMGRPOError
+from ..models import ModelFamily, get_model_family
+from ..rewards import build_rewards
+from ..rollout import load_rows, pad_rows
 
 _NOT_REWARD_COLUMNS = ("prompt", "images", "image")
 

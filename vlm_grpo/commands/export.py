@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .errors import VLMGRPOError, run_cli
+from ..errors import VLMGRPOError, run_cli
 
 logger = logging.getLogger("vlm_grpo")
 
@@ -71,7 +71,7 @@ def export_merged(
     """
     from peft import PeftModel
 
-    from .models import get_model_family
+    from ..models import get_model_family
 
     adapter, out = Path(adapter), Path(out)
     _check_paths(model, adapter, out, overwrite)

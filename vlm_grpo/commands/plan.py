@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import VLMGRPOError, run_cli
+from ..errors import VLMGRPOError, run_cli
 
 GIB = 2**30
 
@@ -86,7 +86,7 @@ def read_deepspeed(path: str | None) -> tuple[int, bool, bool]:
 
 def training_options(config_path: str, config: dict[str, Any], rest: list[str]) -> tuple[Any, Any]:
     """`(training_args, model_args)` parsed from the YAML and flags by `vlm-grpo train`'s parser."""
-    from .train import build_parser, check_config_keys, check_flags, parser_options
+    from ..train import build_parser, check_config_keys, check_flags, parser_options
 
     parser = build_parser()
     options = parser_options(parser)
@@ -105,7 +105,7 @@ def training_options(config_path: str, config: dict[str, Any], rest: list[str]) 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo plan`: parse, build the model on meta, print the plan and the verdict."""
-    from .train import read_config
+    from ..train import read_config
 
     plan_args, rest = plan_parser().parse_known_args(argv)
     if plan_args.gpus < 1 or plan_args.nodes < 1:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     processes = plan_args.gpus * plan_args.nodes
     if stage and processes == 1:
         print("note: ZeRO on one GPU divides nothing; give --gpus (and --nodes) as you will launch.")
-    from .planner.report import describe, plan_config
+    from ..planner.report import describe, plan_config
 
     planned = plan_config(
         training_args,

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .demos import brand, colour, grounding, segments
+from ..demos import brand, colour, grounding, segments
 
 TASKS: dict[str, tuple[Callable[..., dict[str, Any]], str]] = {
     "colour": (colour.run_colour, colour.TASK.output_dir),
