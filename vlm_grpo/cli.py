@@ -25,7 +25,7 @@ COMMANDS = {
     "samples": ("vlm_grpo.commands.samples", "render a run's logged samples as HTML"),
     "export": ("vlm_grpo.commands.export", "merge a LoRA adapter into its base model"),
     "plan": ("vlm_grpo.commands.plan", "predict a recipe's per-GPU memory before launching it"),
-    "tiny-model": ("vlm_grpo.tiny_model", "build a tiny random model of a family, for a smoke run"),
+    "tiny-model": ("vlm_grpo.commands.tiny_model", "build a tiny random model of a family, for a smoke run"),
 }
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 
-from .errors import VLMGRPOError
+from ..errors import VLMGRPOError
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo tiny-model`."""
-    from .testing import TINY_FAMILIES, build_tiny_model
+    from ..testing import TINY_FAMILIES, build_tiny_model
 
     parser = argparse.ArgumentParser(
         prog="vlm-grpo tiny-model",
