@@ -1,11 +1,11 @@
 """Tiny, randomly initialised vision-language models built fully offline, for tests.
 
-``build_tiny_model(family, out_dir)`` writes a directory that ``AutoModelForImageTextToText.from_pretrained``
-and ``AutoProcessor.from_pretrained`` load: float32 weights (deterministic from ``seed``), a word-level
-tokenizer (see ``DEFAULT_WORDS``), the family's image (and video) processor with small image sizes, a chat
-template with the family's layout, and a ``generation_config.json``. What a trainer or an inference engine reads is
-as in the published checkpoints: special tokens and their order (eos ``[<|im_end|>, <|endoftext|>]`` for Qwen,
-``[<eos>, <end_of_turn>]`` for Gemma 3), newline tokens, the sampling fields of ``generation_config.json``, the
+`build_tiny_model(family, out_dir)` writes a directory that `AutoModelForImageTextToText.from_pretrained`
+and `AutoProcessor.from_pretrained` load: float32 weights (deterministic from `seed`), a word-level
+tokenizer (see `DEFAULT_WORDS`), the family's image (and video) processor with small image sizes, a chat
+template with the family's layout, and a `generation_config.json`. What a trainer or an inference engine reads is
+as in the published checkpoints: special tokens and their order (eos `[<|im_end|>, <|endoftext|>]` for Qwen,
+`[<eos>, <end_of_turn>]` for Gemma 3), newline tokens, the sampling fields of `generation_config.json`, the
 chat template's default system turn, and tied embeddings where the small checkpoints tie them.
 """
 
@@ -46,10 +46,10 @@ FAMILIES: dict[str, TinyFamily] = {
 """The one place a tiny family is registered: its `TinyFamily` record, declared next to its builder, by name."""
 
 TINY_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
-"""Shapes ``build_tiny_model`` builds. Each is the ``model_type`` of the saved config, except ``internvl_moe``: an
-``internvl`` model (InternVL3.5's MoE checkpoints) whose language model is a ``qwen3_moe`` mixture of experts."""
+"""Shapes `build_tiny_model` builds. Each is the `model_type` of the saved config, except `internvl_moe`: an
+`internvl` model (InternVL3.5's MoE checkpoints) whose language model is a `qwen3_moe` mixture of experts."""
 BUILDERS: dict[str, Callable[..., str]] = {name: record.build for name, record in FAMILIES.items()}
-"""``shape -> builder(out_dir, **options)``, the options of `BuildOptions`."""
+"""`shape -> builder(out_dir, **options)`, the options of `BuildOptions`."""
 VLLM_LOGPROB_GAPS: dict[str, tuple[str, ...]] = {
     name: record.vllm_logprob_gaps for name, record in FAMILIES.items() if record.vllm_logprob_gaps
 }
@@ -60,13 +60,13 @@ DEFAULT_FAMILY: str = TINY_FAMILIES[0]
 
 
 def tiny_family(name: str) -> TinyFamily:
-    """The record of the tiny family ``name``.
+    """The record of the tiny family `name`.
 
     Args:
-        name (`str`): one of ``TINY_FAMILIES``.
+        name (`str`): one of `TINY_FAMILIES`.
 
     Raises:
-        `ValueError`: unknown ``name``.
+        `ValueError`: unknown `name`.
     """
     if name not in FAMILIES:
         raise ValueError(f"unknown tiny model family {name!r}; supported: {', '.join(TINY_FAMILIES)}")
@@ -74,12 +74,12 @@ def tiny_family(name: str) -> TinyFamily:
 
 
 def families_with(*, besides: Collection[str] = (), **properties: Any) -> tuple[str, ...]:
-    """Names of the tiny families whose records have every one of ``properties``, in registration order.
+    """Names of the tiny families whose records have every one of `properties`, in registration order.
 
     Args:
         besides (`Collection[str]`, *optional*, defaults to `()`): families to leave out.
-        **properties (`Any`): `TinyFamily` attributes and their values (``indexable_cache=False``); a `bool` value
-            matches by truth (``refused_inputs=True``: the family refuses some input).
+        **properties (`Any`): `TinyFamily` attributes and their values (`indexable_cache=False`); a `bool` value
+            matches by truth (`refused_inputs=True`: the family refuses some input).
     """
 
     def matches(record: TinyFamily, name: str, wanted: Any) -> bool:
@@ -94,7 +94,7 @@ def families_with(*, besides: Collection[str] = (), **properties: Any) -> tuple[
 
 
 def a_family_with(*, besides: Collection[str] = (), **properties: Any) -> str:
-    """The first registered tiny family with every one of ``properties`` (see `families_with`).
+    """The first registered tiny family with every one of `properties` (see `families_with`).
 
     Args:
         besides (`Collection[str]`, *optional*, defaults to `()`): families to leave out.
@@ -110,7 +110,7 @@ def a_family_with(*, besides: Collection[str] = (), **properties: Any) -> str:
 
 
 def one_family_per_image_rule(*, besides: Collection[str] = (), **properties: Any) -> tuple[str, ...]:
-    """For each of ``IMAGE_RULES``, the first registered core family with that rule and ``properties``.
+    """For each of `IMAGE_RULES`, the first registered core family with that rule and `properties`.
 
     Args:
         besides (`Collection[str]`, *optional*, defaults to `()`): families to leave out.
@@ -154,15 +154,15 @@ def build_tiny_model(
     num_hidden_layers: int = 2,
     image_size: int = 56,
 ) -> str:
-    """Build a tiny random model of ``family`` with tokenizer and processor, and save it to ``out_dir``.
+    """Build a tiny random model of `family` with tokenizer and processor, and save it to `out_dir`.
 
     Args:
-        family (`str`): one of ``TINY_FAMILIES``.
+        family (`str`): one of `TINY_FAMILIES`.
         out_dir (`str | os.PathLike`): directory to write (created if missing, files overwritten).
         words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words (no whitespace),
-            added after ``base_words``; duplicates are ignored.
-        base_words (`Sequence[str]`, *optional*, defaults to `None`): the vocabulary before ``words``; None is
-            ``DEFAULT_WORDS``. Pass ``ROLE_WORDS`` to get only the chat roles plus ``words`` (a small vocabulary
+            added after `base_words`; duplicates are ignored.
+        base_words (`Sequence[str]`, *optional*, defaults to `None`): the vocabulary before `words`; None is
+            `DEFAULT_WORDS`. Pass `ROLE_WORDS` to get only the chat roles plus `words` (a small vocabulary
             learns faster).
         seed (`int`, *optional*, defaults to 0): seed of the random weights; the caller's torch RNG state is
             left untouched.
@@ -173,10 +173,10 @@ def build_tiny_model(
             size gives 4 image tokens at the default for every family (Qwen3-VL rounds 56 up to 64).
 
     Returns:
-        `str`: ``str(out_dir)``.
+        `str`: `str(out_dir)`.
 
     Raises:
-        `ValueError`: unknown ``family``, or sizes the architectures cannot take.
+        `ValueError`: unknown `family`, or sizes the architectures cannot take.
     """
     return tiny_family(family).build(
         out_dir, words=words, base_words=DEFAULT_WORDS if base_words is None else base_words, seed=seed,

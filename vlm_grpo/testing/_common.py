@@ -17,7 +17,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerF
 UNK_TOKEN = "[UNK]"
 
 # Tags used by reasoning/answer formats: single, non-special tokens so they survive
-# ``decode(..., skip_special_tokens=True)``.
+# `decode(..., skip_special_tokens=True)`.
 TAG_TOKENS: tuple[str, ...] = ("<think>", "</think>", "<answer>", "</answer>")
 
 _BASE_WORDS: tuple[str, ...] = tuple(
@@ -66,8 +66,8 @@ class TokenizerSpec:
         special_tokens (`list[str]`): family control tokens, registered as special added tokens; the
             first ids of the vocabulary, in this order.
         named_tokens (`dict[str, str]`): standard and model-specific named tokens passed to the tokenizer
-            (e.g. ``{"eos_token": "<|im_end|>", "image_token": "<|image_pad|>"}``); each becomes an attribute
-            ``tokenizer.<name>`` with a matching ``tokenizer.<name>_id``.
+            (e.g. `{"eos_token": "<|im_end|>", "image_token": "<|image_pad|>"}`); each becomes an attribute
+            `tokenizer.<name>` with a matching `tokenizer.<name>_id`.
     """
 
     special_tokens: list[str]
@@ -76,12 +76,12 @@ class TokenizerSpec:
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """The options every tiny builder takes, as keyword arguments (``build_tiny_model``'s).
+    """The options every tiny builder takes, as keyword arguments (`build_tiny_model`'s).
 
     Args:
         words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words (no whitespace), added after
-            ``base_words``; duplicates are ignored.
-        base_words (`Sequence[str]`, *optional*, defaults to ``DEFAULT_WORDS``): the vocabulary before ``words``.
+            `base_words`; duplicates are ignored.
+        base_words (`Sequence[str]`, *optional*, defaults to `DEFAULT_WORDS`): the vocabulary before `words`.
         seed (`int`, *optional*, defaults to 0): seed of the random weights; the caller's torch RNG state is left
             untouched.
         hidden_size (`int`, *optional*, defaults to 64): text hidden size, a multiple of 8 (4 attention heads,
@@ -124,14 +124,14 @@ def build_word_tokenizer(
     Args:
         spec (`TokenizerSpec`): special and named tokens of the family.
         words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words, appended after
-            ``DEFAULT_WORDS`` (duplicates are ignored); a word holding punctuation is matched whole.
+            `DEFAULT_WORDS` (duplicates are ignored); a word holding punctuation is matched whole.
         chat_template (`str`, *optional*, defaults to `None`): Jinja chat template stored on the tokenizer.
-        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): the vocabulary before ``words``; a small
-            one (e.g. ``ROLE_WORDS`` plus a task's words) makes random exploration find rewarded answers sooner.
+        base_words (`Sequence[str]`, defaults to `DEFAULT_WORDS`): the vocabulary before `words`; a small
+            one (e.g. `ROLE_WORDS` plus a task's words) makes random exploration find rewarded answers sooner.
 
     Returns:
-        `PreTrainedTokenizerFast`: runs of newlines (``NEWLINE_TOKENS``) are tokens, other text is split on
-        whitespace and every punctuation character is its own token; unknown words map to ``[UNK]``; ``decode``
+        `PreTrainedTokenizerFast`: runs of newlines (`NEWLINE_TOKENS`) are tokens, other text is split on
+        whitespace and every punctuation character is its own token; unknown words map to `[UNK]`; `decode`
         joins tokens with single spaces.
     """
     vocab: dict[str, int] = {}
@@ -172,7 +172,7 @@ def vocab_words_default() -> set[str]:
 
 
 def token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
-    """Id of ``token`` in ``tokenizer``; raises `KeyError` when it is not in the vocabulary.
+    """Id of `token` in `tokenizer`; raises `KeyError` when it is not in the vocabulary.
 
     Args:
         tokenizer (`PreTrainedTokenizerFast`): the tokenizer.
@@ -185,7 +185,7 @@ def token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
 
 
 def round_to_multiple(value: int, multiple: int) -> int:
-    """Round ``value`` to the nearest positive multiple of ``multiple`` (at least ``multiple``).
+    """Round `value` to the nearest positive multiple of `multiple` (at least `multiple`).
 
     Args:
         value (`int`): value to round.
@@ -198,7 +198,7 @@ def check_sizes(hidden_size: int, num_hidden_layers: int, num_heads: int = 4) ->
     """Validate the text tower sizes and return the attention head dimension.
 
     Args:
-        hidden_size (`int`): text hidden size; must be divisible by ``num_heads`` with an even quotient.
+        hidden_size (`int`): text hidden size; must be divisible by `num_heads` with an even quotient.
         num_hidden_layers (`int`): number of text decoder layers (>= 1).
         num_heads (`int`, *optional*, defaults to 4): number of attention heads.
     """
@@ -213,10 +213,10 @@ def check_sizes(hidden_size: int, num_hidden_layers: int, num_heads: int = 4) ->
 
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
-    """Run the block with torch's CPU random state seeded by ``seed``, restoring the caller's state after.
+    """Run the block with torch's CPU random state seeded by `seed`, restoring the caller's state after.
 
     Args:
-        seed (`int`): seed for ``torch.manual_seed``.
+        seed (`int`): seed for `torch.manual_seed`.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -232,7 +232,7 @@ def save_all(
     bos_token_id: int | None,
     sampling: dict | None = None,
 ) -> str:
-    """Save model (float32 safetensors), generation config and processor into ``out_dir``.
+    """Save model (float32 safetensors), generation config and processor into `out_dir`.
 
     Args:
         out_dir (`str | os.PathLike`): target directory (created if missing).
@@ -241,11 +241,11 @@ def save_all(
         eos_token_ids (`list[int]`): generation stop ids, the chat turn end first.
         pad_token_id (`int`): padding id.
         bos_token_id (`int`, *optional*): begin-of-sequence id, when the family has one.
-        sampling (`dict`, *optional*): the sampling fields of the published checkpoints' ``generation_config.json``
-            (``do_sample``, ``temperature``, ``top_k``, ...), which ``generate`` merges under the caller's.
+        sampling (`dict`, *optional*): the sampling fields of the published checkpoints' `generation_config.json`
+            (`do_sample`, `temperature`, `top_k`, ...), which `generate` merges under the caller's.
 
     Returns:
-        `str`: ``str(out_dir)``.
+        `str`: `str(out_dir)`.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -273,14 +273,14 @@ def save_tiny(
     sampling: dict | None = None,
     init: Callable[[PreTrainedModel], None] | None = None,
 ) -> str:
-    """Instantiate ``model_class(config)`` in float32 from ``options.seed`` and save it with ``processor``.
+    """Instantiate `model_class(config)` in float32 from `options.seed` and save it with `processor`.
 
     Args:
         out_dir (`str | os.PathLike`): target directory (created if missing).
         model_class (`Callable[[Any], PreTrainedModel]`): the model class.
         config (`Any`): the model's config.
         processor (`ProcessorMixin`): processor holding tokenizer, image/video processors and chat template.
-        options (`BuildOptions`): the builder's options (their ``seed`` seeds the weights).
+        options (`BuildOptions`): the builder's options (their `seed` seeds the weights).
         eos_token_ids (`list[int]`): generation stop ids (see `save_all`).
         pad_token_id (`int`): padding id.
         bos_token_id (`int`, *optional*, defaults to `None`): begin-of-sequence id, when the family has one.
@@ -289,7 +289,7 @@ def save_tiny(
             place, under the same seed (e.g. a projection initialised to zeros).
 
     Returns:
-        `str`: ``str(out_dir)``.
+        `str`: `str(out_dir)`.
     """
     with seeded(options.seed):
         model = model_class(config).float().eval()

@@ -85,11 +85,11 @@ VISION_HEADS = 2
 
 
 def build_gemma3(out_dir: str | os.PathLike, **options: Any) -> str:
-    """Build and save a tiny ``gemma3`` model with its processor.
+    """Build and save a tiny `gemma3` model with its processor.
 
     The last text layer uses full attention, the others sliding-window attention (window 4096, wider than any test
-    prompt). ``image_size`` is the SigLIP input size, rounded to a multiple of ``2 * patch_size`` (28); every image
-    is resized to it and gives ``(image_size / 28) ** 2`` tokens (4 at 56) after the 2x2 average pooling of the
+    prompt). `image_size` is the SigLIP input size, rounded to a multiple of `2 * patch_size` (28); every image
+    is resized to it and gives `(image_size / 28) ** 2` tokens (4 at 56) after the 2x2 average pooling of the
     projector.
 
     Args:
@@ -97,7 +97,7 @@ def build_gemma3(out_dir: str | os.PathLike, **options: Any) -> str:
         **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
-        `str`: ``str(out_dir)``.
+        `str`: `str(out_dir)`.
     """
     o = BuildOptions(**options)
     hidden_size, num_hidden_layers = o.hidden_size, o.num_hidden_layers

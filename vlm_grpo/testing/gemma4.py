@@ -1,8 +1,8 @@
 """Tiny Gemma 4 (vision tower + Gemma 4 text tower, no audio tower) with a word-level tokenizer, built offline.
 
-The layout is Gemma 3's (``<start_of_turn>``/``<end_of_turn>``, "assistant" spelled "model") with Gemma 4's image
-tokens: each image part is written ``<|image|>``, which ``Gemma4Processor`` expands to
-``<|image>`` + ``<|image|>`` * soft tokens + ``<image|>``. Audio and video tokens are in the vocabulary (so that the
+The layout is Gemma 3's (`<start_of_turn>`/`<end_of_turn>`, "assistant" spelled "model") with Gemma 4's image
+tokens: each image part is written `<|image|>`, which `Gemma4Processor` expands to
+`<|image>` + `<|image|>` * soft tokens + `<image|>`. Audio and video tokens are in the vocabulary (so that the
 trainer can keep them out of completions) but the model has no audio tower.
 """
 
@@ -63,10 +63,10 @@ VISION_HEADS = 2
 
 
 def build_gemma4(out_dir: str | os.PathLike, **options: Any) -> str:
-    """Build and save a tiny ``gemma4`` model with its processor.
+    """Build and save a tiny `gemma4` model with its processor.
 
     The last text layer uses full attention, the others sliding-window attention (window 4096, wider than any test
-    prompt). ``image_size`` is unused: the processor resizes every image (aspect kept) to at most 70 soft tokens of
+    prompt). `image_size` is unused: the processor resizes every image (aspect kept) to at most 70 soft tokens of
     3x3 patches of 4 pixels.
 
     Args:
@@ -74,7 +74,7 @@ def build_gemma4(out_dir: str | os.PathLike, **options: Any) -> str:
         **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
-        `str`: ``str(out_dir)``.
+        `str`: `str(out_dir)`.
     """
     o = BuildOptions(**options)
     hidden_size, num_hidden_layers = o.hidden_size, o.num_hidden_layers

@@ -1,9 +1,9 @@
-"""Tiny GLM-4.1V (``glm4v``), GLM-4.6V (``glm46v``, the same layers under its own classes) and GLM-4.5V
-(``glm4v_moe``: expert MLPs after a first dense layer), offline.
+"""Tiny GLM-4.1V (`glm4v`), GLM-4.6V (`glm46v`, the same layers under its own classes) and GLM-4.5V
+(`glm4v_moe`: expert MLPs after a first dense layer), offline.
 
-GLM's chat layout: ``[gMASK]<sop>`` then ``<|{role}|>\\n{content}`` per message and ``<|assistant|>\\n`` to answer;
-the model ends its turn by starting the next one (``<|user|>``). Each image part is written
-``<|begin_of_image|><|image|><|end_of_image|>``, and ``Glm4vProcessor`` repeats ``<|image|>`` once per merged
+GLM's chat layout: `[gMASK]<sop>` then `<|{role}|>\\n{content}` per message and `<|assistant|>\\n` to answer;
+the model ends its turn by starting the next one (`<|user|>`). Each image part is written
+`<|begin_of_image|><|image|><|end_of_image|>`, and `Glm4vProcessor` repeats `<|image|>` once per merged
 2x2 block of 14-pixel patches, as Qwen2-VL does.
 """
 
@@ -82,19 +82,19 @@ PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2
 
 
 def build_glm4v(out_dir: str | os.PathLike, family: str = "glm4v", **options: Any) -> str:
-    """Build and save a tiny ``glm4v``, ``glm46v`` or ``glm4v_moe`` model with its processor.
+    """Build and save a tiny `glm4v`, `glm46v` or `glm4v_moe` model with its processor.
 
-    Half of each text head rotates, as in GLM-4.1V. Images are resized to at most about ``image_size**2`` pixels (a
+    Half of each text head rotates, as in GLM-4.1V. Images are resized to at most about `image_size**2` pixels (a
     multiple of 28 a side): 4 visual tokens at the default.
 
     Args:
         out_dir (`str | os.PathLike`): output directory.
-        family (`str`, *optional*, defaults to `"glm4v"`): ``"glm4v"``, ``"glm46v"`` or ``"glm4v_moe"`` (layer 0
+        family (`str`, *optional*, defaults to `"glm4v"`): `"glm4v"`, `"glm46v"` or `"glm4v_moe"` (layer 0
             dense, the others 4 routed experts, 2 per token, plus a shared expert, as GLM-4.5V's first-dense layout).
         **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
-        `str`: ``str(out_dir)``.
+        `str`: `str(out_dir)`.
     """
     classes = {
         "glm4v": (Glm4vConfig, Glm4vForConditionalGeneration, Glm4vProcessor),

@@ -1,4 +1,4 @@
-"""Tiny InternVL (transformers-native ``internvl``, Qwen2 text tower) with a word-level tokenizer, built offline."""
+"""Tiny InternVL (transformers-native `internvl`, Qwen2 text tower) with a word-level tokenizer, built offline."""
 
 from __future__ import annotations
 
@@ -50,10 +50,10 @@ VISION_HEADS = 2
 
 
 def build_internvl(out_dir: str | os.PathLike, **options: Any) -> str:
-    """Build and save a tiny ``internvl`` model with its processor.
+    """Build and save a tiny `internvl` model with its processor.
 
-    ``image_size`` is the tile size of the vision tower, rounded to a multiple of ``2 * patch_size`` (28); each tile
-    gives ``(image_size / 14) ** 2 / 4`` tokens (4 at 56). Images are cut into at most 2 tiles, plus a thumbnail
+    `image_size` is the tile size of the vision tower, rounded to a multiple of `2 * patch_size` (28); each tile
+    gives `(image_size / 14) ** 2 / 4` tokens (4 at 56). Images are cut into at most 2 tiles, plus a thumbnail
     tile whenever there is more than one.
 
     Args:
@@ -61,7 +61,7 @@ def build_internvl(out_dir: str | os.PathLike, **options: Any) -> str:
         **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
-        `str`: ``str(out_dir)``.
+        `str`: `str(out_dir)`.
     """
     o = BuildOptions(**options)
     hidden_size, num_hidden_layers = o.hidden_size, o.num_hidden_layers

@@ -1,9 +1,9 @@
-"""Tiny InternVL3.5-style model with a mixture-of-experts language model (``internvl`` + ``qwen3_moe``), offline.
+"""Tiny InternVL3.5-style model with a mixture-of-experts language model (`internvl` + `qwen3_moe`), offline.
 
-The released InternVL3.5 MoE checkpoints in transformers' own format (``OpenGVLab/InternVL3_5-30B-A3B-HF``) are
-``internvl`` models whose ``text_config`` is a ``qwen3_moe`` config. This builder writes the tiny ``internvl`` model
-of ``build_internvl`` (same tokenizer, processor and vision tower) with such a language model: 4 experts of width
-``hidden_size / 2``, 2 per token.
+The released InternVL3.5 MoE checkpoints in transformers' own format (`OpenGVLab/InternVL3_5-30B-A3B-HF`) are
+`internvl` models whose `text_config` is a `qwen3_moe` config. This builder writes the tiny `internvl` model
+of `build_internvl` (same tokenizer, processor and vision tower) with such a language model: 4 experts of width
+`hidden_size / 2`, 2 per token.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ EXPERTS_PER_TOKEN = 2
 
 
 def build_internvl_moe(out_dir: str | os.PathLike, **options: Any) -> str:
-    """Build and save a tiny ``internvl`` model whose language model is a ``qwen3_moe`` mixture of experts.
+    """Build and save a tiny `internvl` model whose language model is a `qwen3_moe` mixture of experts.
 
     Args:
         out_dir (`str | os.PathLike`): output directory.
-        **options (`Any`): the fields of `BuildOptions`, as ``build_internvl`` takes them.
+        **options (`Any`): the fields of `BuildOptions`, as `build_internvl` takes them.
 
     Returns:
-        `str`: ``str(out_dir)``.
+        `str`: `str(out_dir)`.
     """
     build_internvl(out_dir, **options)  # tokenizer, processor, generation config, dense weights
     config = InternVLConfig.from_pretrained(out_dir)

@@ -118,20 +118,20 @@ def _mrope_section(head_dim: int, interleaved: bool) -> list[int]:
 def build_qwen(
     family: str, out_dir: str | os.PathLike, *, tie_word_embeddings: bool = True, **options: Any
 ) -> str:
-    """Build and save a tiny ``qwen2_vl``, ``qwen2_5_vl`` or ``qwen3_vl`` model with its processor.
+    """Build and save a tiny `qwen2_vl`, `qwen2_5_vl` or `qwen3_vl` model with its processor.
 
-    Images are resized to at most about ``image_size**2`` pixels, rounded to a multiple of ``patch_size * 2`` (patch
+    Images are resized to at most about `image_size**2` pixels, rounded to a multiple of `patch_size * 2` (patch
     14 for Qwen2/2.5, 16 for Qwen3, where 56 -> 64).
 
     Args:
-        family (`str`): ``"qwen2_vl"``, ``"qwen2_5_vl"`` or ``"qwen3_vl"``.
+        family (`str`): `"qwen2_vl"`, `"qwen2_5_vl"` or `"qwen3_vl"`.
         out_dir (`str | os.PathLike`): output directory.
         tie_word_embeddings (`bool`, *optional*, defaults to `True`): share the input embeddings with the LM head, as
             the 2B-4B checkpoints do; False as the 7B ones.
         **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
-        `str`: ``str(out_dir)``.
+        `str`: `str(out_dir)`.
     """
     o = BuildOptions(**options)
     hidden_size, num_hidden_layers = o.hidden_size, o.num_hidden_layers

@@ -4,9 +4,9 @@ All three take Qwen3-VL's processor (patch 16, mean = std = 0.5) and chat layout
 every text layer by a few tiny experts; Qwen3.5 alternates Gated DeltaNet linear-attention layers with full
 attention (the last layer of the tiny model is full attention), and Qwen3.5 MoE adds experts and a shared expert.
 
-transformers loads every ``qwen3_5`` tokenizer as ``Qwen3_5Tokenizer``, which rebuilds a byte-level BPE from the
-saved vocabulary and merges: the Qwen3.5 models get a byte-level BPE (``byte_level_tokenizer``) whose merges make
-every vocabulary word one token, with or without its leading space (``"Ġcolor"``), instead of a word-level one.
+transformers loads every `qwen3_5` tokenizer as `Qwen3_5Tokenizer`, which rebuilds a byte-level BPE from the
+saved vocabulary and merges: the Qwen3.5 models get a byte-level BPE (`byte_level_tokenizer`) whose merges make
+every vocabulary word one token, with or without its leading space (`"Ġcolor"`), instead of a word-level one.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def byte_level_tokenizer(
     Args:
         words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words; one holding punctuation
             (`"Coca-Cola"`) is matched whole, like the tags.
-        base_words (`Sequence[str]`, defaults to ``DEFAULT_WORDS``): the vocabulary before ``words``.
+        base_words (`Sequence[str]`, defaults to `DEFAULT_WORDS`): the vocabulary before `words`.
     """
     vocabulary = list(dict.fromkeys([*base_words, *(words or ())]))
     backend = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -133,19 +133,19 @@ def _processor(tokenizer: Any, side: int) -> Qwen3VLProcessor:
 
 
 def build_qwen_moe(family: str, out_dir: str | os.PathLike, **options: Any) -> str:
-    """Build and save a tiny ``qwen3_vl_moe``, ``qwen3_5`` or ``qwen3_5_moe`` model with its processor.
+    """Build and save a tiny `qwen3_vl_moe`, `qwen3_5` or `qwen3_5_moe` model with its processor.
 
-    MoE layers have 4 experts of width ``hidden_size / 2``, 2 per token; Qwen3.5 layers are linear attention except
-    every fourth and the last. Images are resized to at most about ``image_size**2`` pixels, rounded to a multiple
+    MoE layers have 4 experts of width `hidden_size / 2`, 2 per token; Qwen3.5 layers are linear attention except
+    every fourth and the last. Images are resized to at most about `image_size**2` pixels, rounded to a multiple
     of 32 (56 -> 64: 4 visual tokens).
 
     Args:
-        family (`str`): one of ``QWEN_MOE_FAMILIES``.
+        family (`str`): one of `QWEN_MOE_FAMILIES`.
         out_dir (`str | os.PathLike`): output directory.
         **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
-        `str`: ``str(out_dir)``.
+        `str`: `str(out_dir)`.
     """
     if family not in QWEN_MOE_FAMILIES:
         raise ValueError(f"build_qwen_moe builds {', '.join(QWEN_MOE_FAMILIES)}, not {family!r}")
