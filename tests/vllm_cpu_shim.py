@@ -14,7 +14,10 @@ is patched.
 
 It must run in the process that holds the engine: TRL's colocate mode builds `vllm.LLM` with
 `distributed_executor_backend="external_launcher"`, which runs the engine in the trainer's own process, so the test
-workers (`vllm_worker.py`) call `install()` before building the trainer.
+workers (`vllm_worker.py`) call `install()` before building the trainer. In server mode the engine runs in the
+server's processes, where `vllm_server_shim` installs it as a vLLM plugin; there the sync goes through vLLM's
+layerwise reload, which re-runs the packing, and completes without the shim, but the server's log-probs then do not
+follow the synced weights.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """One family's real vLLM checks, run by `test_vllm.py` in a fresh process: `python vllm_worker.py SHAPE OUT [MODE]`.
 
-MODE is empty, `lora` (train a LoRA adapter) or `dist` (run under `torchrun`, each process with its own engine, on the
-model the test built in `OUT/model`; each process writes `OUT/result{RANK}.json`).
+MODE is empty, `lora` (train a LoRA adapter), `dist` (run under `torchrun`, each process with its own engine, on the
+model the test built in `OUT/model`; each process writes `OUT/result{RANK}.json`) or `server PORT` (TRL's server mode,
+generating through the `trl vllm-serve` the test started on 127.0.0.1:PORT with the model in `OUT/model`; see
+`server_checks`).
 
 One process builds one vLLM engine (TRL's colocate mode, inside the trainer's process) and runs every check on it;
 a fresh process per family keeps the engines and their process groups apart. Writes `OUT/result.json`:
@@ -13,13 +15,20 @@ a fresh process per family keeps the engines and their process groups apart. Wri
   completion, scored by vLLM before and after `sync_vllm_weights()` (the trainer is one step ahead of vLLM before).
 - `base_gap` (with `lora`, which trains a LoRA adapter): the gap between vLLM after the sync and the base model with
   the adapter disabled; TRL merges the adapter into the weights it syncs, so `after_sync` is small and this is not.
+
+With `server`, the engine runs in the server's processes and `result.json` holds `log_history`; `before_sync`,
+`after_sync` and `after_encoder_reset` (scored by the server, see `server_checks`) and `stale_image_features` (the gap
+between the last two); what the server counted while the trainer trained: `server_requests` (finished requests) and
+`server_generation_tokens`; and `local_engine`, whether the trainer built an engine itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
+import uuid
 from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -52,10 +61,83 @@ def gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def main(shape: str, out: Path, mode: str) -> None:
-    import vllm_cpu_shim
+def server_request(client, prompt_ids: list[int], features: dict | None, **sampling) -> dict:
+    """One request to the server's token-in endpoint (`/inference/v1/generate`, as TRL's client sends it)."""
+    body = {
+        "request_id": f"check-{uuid.uuid4().hex}",
+        "model": client.model,
+        "token_ids": prompt_ids,
+        "features": features,
+        "sampling_params": {"temperature": 1.0, "output_kind": 2, **sampling},  # 2: FINAL_ONLY, as TRL
+    }
+    return client._post(f"{client.base_url}/inference/v1/generate", json=body)
 
-    vllm_cpu_shim.install()
+
+def server_logps(client, prompt_ids: list[int], features: dict | None, completion: list[int]) -> list[float]:
+    """The server's log-prob of each token of `completion` after the prompt (its prompt log-probs)."""
+    response = server_request(client, prompt_ids + completion, features, max_tokens=1, prompt_logprobs=0)
+    scored = response["prompt_logprobs"][-len(completion) :]
+    return [entry[str(token)]["logprob"] for entry, token in zip(scored, completion, strict=True)]
+
+
+def server_counts(client) -> dict[str, float]:
+    """The server's counters of finished requests and generated tokens (its Prometheus `/metrics`)."""
+    text = client.session.get(f"{client.base_url}/metrics").text
+    counts = {"requests": 0.0, "generation_tokens": 0.0}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name == "vllm:request_success_total":
+            counts["requests"] += float(line.rsplit(" ", 1)[1])
+        elif name == "vllm:generation_tokens_total":
+            counts["generation_tokens"] += float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def server_checks(trainer, rows: list[dict], encoded: list, before: dict[str, float]) -> dict:
+    """Server mode: what the server generated while training, and its log-probs before and after a weight sync.
+
+    One completion of a two-image prompt is sampled by the server (the trainer's sampling settings, seeded) and scored
+    by it before and after `sync_vllm_weights()`, the prompt's images as TRL sends them (features the server computed
+    from the raw images, placed on the processor-expanded prompt ids). After the sync it is scored twice: as the
+    trainer leaves the server, then once more after emptying the server's encoder cache (`/reset_encoder_cache`), which
+    makes the server encode the images again with the synced vision tower.
+    """
+    generation = trainer.vllm_generation
+    client = generation.vllm_client
+    after = server_counts(client)
+    ids = list(encoded[0].input_ids)
+    (features,) = client.image_features([rows[0]["images"]])
+    features = generation._place_features(features, ids)
+    settings = {**generation.generation_kwargs, "seed": 0}
+    (completion,) = client.generate([ids], features=[features], max_tokens=4, generation_kwargs=settings)[
+        "completion_ids"
+    ]
+    ours = trainer_logps(trainer, encoded[0], completion)
+    result = {
+        "local_engine": hasattr(generation, "llm"),
+        "server_requests": after["requests"] - before["requests"],
+        "server_generation_tokens": after["generation_tokens"] - before["generation_tokens"],
+        "before_sync": gap(server_logps(client, ids, features, completion), ours),
+    }
+    trainer.sync_vllm_weights()
+    synced = server_logps(client, ids, features, completion)
+    client.session.post(f"{client.base_url}/reset_encoder_cache").raise_for_status()
+    encoded_again = server_logps(client, ids, features, completion)
+    result["after_sync"] = gap(synced, ours)
+    result["after_encoder_reset"] = gap(encoded_again, ours)
+    result["stale_image_features"] = gap(encoded_again, synced)
+    return result
+
+
+def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
+    if mode == "server":  # the engine is the server's; the trainer sends it the weights
+        import vllm_server_shim
+
+        vllm_server_shim.install_client()
+    else:
+        import vllm_cpu_shim
+
+        vllm_cpu_shim.install()
     import vllm
     from conftest import color_rows, grpo_args, length_reward
     from datasets import Dataset
@@ -69,10 +151,10 @@ def main(shape: str, out: Path, mode: str) -> None:
     from vlm_grpo.train import finish_processes
     from vlm_grpo.vllm_payload import build_vllm_payload, vllm_prompt_inputs
 
-    lora, dist = mode == "lora", mode == "dist"
+    lora, dist, server = mode == "lora", mode == "dist", mode == "server"
     result_file = out / (f"result{os.environ['RANK']}.json" if dist else "result.json")  # torchrun's RANK
-    # under torchrun every process reads the model the test built; otherwise the worker builds it
-    path = str(out / "model") if dist else build_tiny_model(shape, out / "model", hidden_size=256)
+    # under torchrun, and for a server, the test built the model; otherwise the worker builds it
+    path = str(out / "model") if dist or server else build_tiny_model(shape, out / "model", hidden_size=256)
     rows = color_rows(2, images_per_prompt=2) + color_rows(2, text_only_every=2)  # 2 images, 2, 1, none
     # LoRA with a random (not zero) B, so that the adapter changes the model from the first step on
     peft_config = LoraConfig(r=8, lora_alpha=16, init_lora_weights=False) if lora else None
@@ -83,9 +165,14 @@ def main(shape: str, out: Path, mode: str) -> None:
         num_generations=2,
         max_completion_length=4,
         use_vllm=True,
-        vllm_mode="colocate",
+        vllm_mode="server" if server else "colocate",
         vllm_max_model_length=512,
         vllm_gpu_memory_utilization=0.2,
+        **(
+            {"vllm_server_base_url": f"http://127.0.0.1:{port}", "vllm_group_port": free_port()}
+            if server
+            else {}
+        ),
     )
     try:
         trainer = VLMGRPOTrainer(
@@ -94,8 +181,9 @@ def main(shape: str, out: Path, mode: str) -> None:
     except VLMGRPOError as error:  # vLLM does not implement this family: the one-line refusal is the result
         result_file.write_text(json.dumps({"error": str(error)}))
         return
+    if server:
+        before = server_counts(trainer.vllm_generation.vllm_client)
     trainer.train()
-    llm = trainer.vllm_generation.llm
     family, processor = trainer.family, trainer.processing_class
     loaded = load_rows(rows)
     payload = build_vllm_payload(processor, family, loaded)
@@ -106,6 +194,11 @@ def main(shape: str, out: Path, mode: str) -> None:
         )
         for r in loaded
     ]
+    if server:
+        result = {"family": family.model_type, "log_history": trainer.state.log_history}
+        result_file.write_text(json.dumps(result | server_checks(trainer, loaded, encoded, before)))
+        return
+    llm = trainer.vllm_generation.llm
     params = vllm.SamplingParams(max_tokens=4, temperature=1.0, logprobs=0, seed=0)
     outputs = llm.generate(inputs, sampling_params=params, use_tqdm=False)
     result = {
@@ -127,5 +220,16 @@ def main(shape: str, out: Path, mode: str) -> None:
     finish_processes(trainer.release_process_groups)  # as `vlm-grpo train` ends
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "")
+    main(
+        sys.argv[1],
+        Path(sys.argv[2]),
+        sys.argv[3] if len(sys.argv) > 3 else "",
+        int(sys.argv[4]) if len(sys.argv) > 4 else None,
+    )

@@ -417,7 +417,7 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     def sync_vllm_weights(self) -> None:
         """TRL's weight sync into vLLM, with the family's weight names and vLLM's encoder cache emptied."""
-        vllm_generation.sync_weights(self.vllm_generation, self.vllm_mode)
+        vllm_generation.sync_weights(self.vllm_generation, self.vllm_mode, self.accelerator.is_main_process)
 
     def _sample_with_transformers(self, encoded: list[EncodedPrompt], shared: bool) -> list[list[int]]:
         """`generate` on the left-padded prompts; each group's prompt is prefilled once when the prefix is shared."""

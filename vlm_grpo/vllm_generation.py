@@ -1,7 +1,7 @@
 """TRL's vLLM backend (`trainer.vllm_generation`), adapted to vision-language models.
 
 Three changes to what TRL does: the weights TRL syncs are named as the family's vLLM model loads them; after a sync
-vLLM's encoder cache is emptied too (colocate), so that images it has seen are encoded by the new vision tower; and
+vLLM's encoder cache is emptied too, so that images it has seen are encoded by the new vision tower; and
 at the end of a run vLLM's own process groups are destroyed through vLLM. The prompts vLLM receives are built by
 `vllm_payload`.
 """
@@ -32,8 +32,8 @@ def name_weights_for_vllm(vllm_generation: Any, family: ModelFamily) -> None:
     vllm_generation._iter_named_params = vllm_weights
 
 
-def sync_weights(vllm_generation: Any, vllm_mode: str) -> None:
-    """TRL's weight sync into vLLM, then (colocate) vLLM's encoder cache is emptied.
+def sync_weights(vllm_generation: Any, vllm_mode: str, is_main_process: bool) -> None:
+    """TRL's weight sync into vLLM, then vLLM's encoder cache is emptied (the engine's, or the server's).
 
     vLLM reuses the image features it computed for an image it has seen (its encoder cache); TRL resets only the
     prefix cache after a sync, so the same images would keep the features of the old vision tower.
@@ -41,10 +41,14 @@ def sync_weights(vllm_generation: Any, vllm_mode: str) -> None:
     Args:
         vllm_generation (`Any`): TRL's `VLLMGeneration` of the trainer.
         vllm_mode (`str`): `"colocate"` or `"server"`.
+        is_main_process (`bool`): whether this process holds TRL's client of the server (server mode).
     """
     vllm_generation.sync_weights()
     if vllm_mode == "colocate":
         vllm_generation.llm.llm_engine.reset_encoder_cache()
+    elif is_main_process:  # an empty answer, which the client's JSON `_post` cannot read
+        client = vllm_generation.vllm_client
+        client.session.post(f"{client.base_url}/reset_encoder_cache").raise_for_status()
 
 
 def release_process_groups() -> None:

@@ -1,0 +1,197 @@
+"""Real vLLM in TRL's server mode: `trl vllm-serve` started on a loopback port, the trainer generating through it.
+
+One module run builds a tiny model of the first family vLLM implements, starts `trl vllm-serve` on 127.0.0.1 (a free
+port) as its own process group, waits for its `/health`, trains 2 steps with `vllm_mode="server"` in a fresh process
+(`vllm_worker.py ... server PORT`), and stops the server (SIGTERM, then SIGKILL to its process group after a timeout).
+On vLLM's CPU backend, TRL's weight sync runs on a test-only gloo stand-in for vLLM's NCCL weight transfer, and the
+server's linear layers keep plain weights (`vllm_server_shim`, which loads `vllm_cpu_shim` into the server as a vLLM
+plugin); everything else is the real `trl vllm-serve`, vLLM server and TRL client.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import vllm_server_shim
+from test_vllm import (
+    FAMILIES,
+    STEP_TOLERANCE,
+    SYNC_TOLERANCE,
+    TESTS,
+    free_port,
+    implemented_by_vllm,
+    run_worker,
+)
+
+pytestmark = pytest.mark.vllm
+
+STARTUP_TIMEOUT = 300  # about 35 to 60 s on 2 CPU cores
+STOP_TIMEOUT = 60
+COMPLETIONS = 2 * 4  # 2 steps of 4 rows (2 prompts, num_generations=2); vLLM counts each sample as a request
+
+
+@dataclass
+class Server:
+    """A `trl vllm-serve` process, leader of its own process group.
+
+    Args:
+        process (`subprocess.Popen`): the server (`trl vllm-serve` replaces itself with `vllm serve`).
+        port (`int`): the loopback port it serves on.
+        log (`Path`): its stdout and stderr.
+    """
+
+    process: subprocess.Popen
+    port: int
+    log: Path
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def group_alive(self) -> bool:
+        """Whether any process of the server's process group (its engine processes included) is still running."""
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def wait_healthy(server: Server) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise AssertionError(
+                f"trl vllm-serve exited with {server.process.returncode}:\n{server.log_tail()}"
+            )
+        try:
+            with urllib.request.urlopen(server.url("/health"), timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1)
+    raise AssertionError(f"trl vllm-serve not healthy after {STARTUP_TIMEOUT} s:\n{server.log_tail()}")
+
+
+def stop(server: Server) -> None:
+    """SIGTERM to the server (vLLM shuts its engine processes down), SIGKILL to its whole group after a timeout."""
+    if server.process.poll() is None:
+        server.process.terminate()
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline and (server.process.poll() is None or server.group_alive()):
+        time.sleep(0.5)
+    if server.group_alive():
+        os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait(timeout=STOP_TIMEOUT)
+
+
+@contextmanager
+def vllm_serve(model: Path, folder: Path) -> Iterator[Server]:
+    """Run `trl vllm-serve` for `model` on a free loopback port while the context is open.
+
+    Args:
+        model (`Path`): the model folder to serve.
+        folder (`Path`): where the server's log and its plugin metadata (see `vllm_server_shim`) are written.
+
+    Yields:
+        `Server`: once its `/health` answers.
+    """
+    plugins = vllm_server_shim.plugin_path(folder / "plugins")
+    path = [str(TESTS), str(plugins), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    port = free_port()
+    trl = Path(sys.executable).parent / "trl"
+    command = [str(trl), "vllm-serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--max_model_len", "512", "--max-num-batched-tokens", "4096"]  # as TRL's colocate engine
+    log = folder / "server.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    server = Server(process, port, log)
+    try:
+        wait_healthy(server)
+        yield server
+    finally:
+        stop(server)
+
+
+@pytest.fixture(scope="module")
+def server_run(tmp_path_factory) -> dict:
+    """One server and one 2-step server-mode training run, shared by the tests of this module."""
+    from vlm_grpo.testing import build_tiny_model
+
+    shape = next(s for s in FAMILIES if implemented_by_vllm(s))
+    out = tmp_path_factory.mktemp(shape)
+    build_tiny_model(shape, out / "model", hidden_size=256)
+    with vllm_serve(out / "model", out) as server:
+        result = run_worker(shape, out, "server", str(server.port))
+    return result | {"server": server}
+
+
+def test_server_generates_for_the_trainer(server_run):
+    """The trainer builds no engine: every completion it trained on was sampled by the server."""
+    assert server_run["local_engine"] is False
+    assert server_run["server_requests"] == COMPLETIONS
+    steps = [log for log in server_run["log_history"] if "loss" in log]
+    trained_tokens = sum(log["completions/mean_length"] * COMPLETIONS / len(steps) for log in steps)
+    assert server_run["server_generation_tokens"] == pytest.approx(trained_tokens)
+
+
+def test_weight_sync_reaches_the_server(server_run):
+    """After a step, the server scores a completion as the trainer does once the weights are synced, not before.
+
+    Scored with the images encoded again after the sync (the server's encoder cache emptied): the weights, vision
+    tower included, reached the server. Whether the trainer's sync empties that cache is the next test.
+    """
+    assert server_run["after_encoder_reset"] < SYNC_TOLERANCE
+    assert server_run["before_sync"] > 2 * server_run["after_encoder_reset"]
+
+
+def test_weight_sync_empties_the_server_encoder_cache(server_run):
+    """As the trainer leaves the server after a sync, its images are encoded by the synced vision tower.
+
+    The server reuses the features it computed for an image it has seen; TRL's sync resets only its prefix cache,
+    and the trainer empties the encoder cache too (`POST /reset_encoder_cache`). Emptying it by hand after the
+    trainer's sync then changes nothing.
+    """
+    assert server_run["stale_image_features"] < 1e-3
+    assert server_run["after_sync"] < SYNC_TOLERANCE
+
+
+def test_importance_sampling_reads_server_logps(server_run):
+    """TRL's `sampling/*` metrics (correction on, TRL's default) from the server's log-probs."""
+    steps = [log for log in server_run["log_history"] if "loss" in log]
+    assert len(steps) == 2
+    for log in steps:
+        assert (
+            0 < log["sampling/sampling_logp_difference/mean"] <= log["sampling/sampling_logp_difference/max"]
+        )
+        assert log["sampling/sampling_logp_difference/max"] < STEP_TOLERANCE
+        low, mean, high = (log[f"sampling/importance_sampling_ratio/{k}"] for k in ("min", "mean", "max"))
+        assert math.exp(-4 * STEP_TOLERANCE) < low <= mean <= high < math.exp(4 * STEP_TOLERANCE)
+        assert not low == high == 1.0  # from the server's log-probs, not the trainer's
+        assert math.isfinite(log["loss"]) and log["grad_norm"] > 0
+
+
+def test_server_is_stopped(server_run):
+    """The server and its engine processes are gone once the run ends."""
+    server = server_run["server"]
+    assert server.process.returncode is not None
+    assert not server.group_alive()

@@ -1,0 +1,222 @@
+"""Test-only stand-in for the NCCL weight transfer of TRL's vLLM server mode, so that it runs on vLLM's CPU backend.
+
+In server mode (`vllm_mode: server`, `trl vllm-serve`) TRL's `VLLMClient` pushes the trainer's weights into the server
+through vLLM's weight-transfer engine (`--weight-transfer-config '{"backend": "nccl"}'`, which `trl vllm-serve` sets):
+
+1. `init_communicator` asks the server (`POST /init_weight_transfer_engine`) to join a process group with the trainer
+   (rank 0, workers from rank 1) and joins it itself (`nccl_common.trainer_init`);
+2. each sync, `update_named_params` sends the names, dtypes and shapes (`POST /update_weights`, between
+   `/start_weight_update` and `/finish_weight_update`) and broadcasts the tensors packed into uint8 buffers
+   (`packed_tensor.packed_nccl_broadcast_producer`); each worker's `NCCLWeightTransferEngine.receive_weights`
+   receives the buffers (`packed_nccl_broadcast_consumer`), unpacks them and hands them to the model's
+   `load_weights`, inside vLLM's layerwise reload.
+
+The process group is NCCL (`PyNcclCommunicator`) and the packed broadcasts run on CUDA streams: none of that exists on
+CPU, and TRL refuses up front (`NotImplementedError: Weight synchronization runs on vLLM's NCCL weight-transfer engine,
+which needs a CUDA device`). This module replaces exactly those transport pieces with gloo, on both sides:
+
+- the process group: a gloo group over the same `StatelessProcessGroup` rendezvous (same address, port, ranks and
+  world size), in place of NCCL's;
+- the packed broadcasts: the same chunks of vLLM's `pack_tensors` / `unpack_tensor` layout, broadcast with gloo, in
+  place of NCCL on CUDA streams;
+- TRL's device check: the trainer joins the group on CPU (the check names the device NCCL would run on).
+
+Everything else is the real code: TRL's client and its HTTP calls, `trl vllm-serve` and vLLM's OpenAI server with its
+development endpoints, vLLM's worker-side `NCCLWeightTransferEngine` (update info, layerwise reload, the model's
+`load_weights`), TRL's weight metadata and iteration, and generation. On a GPU nothing is patched.
+
+The server side also gets `vllm_cpu_shim` (linear layers keep plain weights: without it the sync completes, but the
+server's log-probs do not follow the synced weights). `install_server` is a vLLM general plugin (entry point group
+`vllm.general_plugins`), which vLLM loads in each of its processes (API server, engine core, workers): the test starts
+`trl vllm-serve` with `plugin_path(folder)` on `PYTHONPATH`, a folder holding only the entry point's metadata. The
+trainer's process calls `install_client()` before building the trainer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PLUGIN_NAME = "vlm_grpo_cpu_weight_transfer"
+"""The name of `install_server` among vLLM's general plugins (`VLLM_PLUGINS` selects plugins by it)."""
+TIMEOUT = timedelta(minutes=5)
+
+
+class GlooCommunicator:
+    """A gloo process group standing in for vLLM's `PyNcclCommunicator` in the weight transfer.
+
+    Args:
+        group (`vllm.distributed.utils.StatelessProcessGroup`): the rendezvous the NCCL communicator would be built
+            on; TRL's `close_communicator` clears its store and socket as it does for NCCL's.
+    """
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        store = torch.distributed.PrefixStore("weight_transfer_gloo", group.store)
+        self.gloo = torch.distributed.ProcessGroupGloo(store, group.rank, group.world_size, TIMEOUT)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, stream: Any = None) -> None:
+        """Broadcast `tensor` (a CPU tensor, received in place) from rank `src` to the group, as NCCL's does."""
+        options = torch.distributed.BroadcastOptions()
+        options.rootRank, options.rootTensor = src, 0
+        self.gloo.broadcast([tensor], options).wait()
+
+
+def _join(master_address: str, master_port: int, rank: int, world_size: int) -> GlooCommunicator:
+    from vllm.distributed.utils import StatelessProcessGroup
+
+    group = StatelessProcessGroup.create(
+        host=master_address, port=master_port, rank=rank, world_size=world_size
+    )
+    return GlooCommunicator(group)
+
+
+def trainer_init(init_info: Any, rank: int = 0) -> GlooCommunicator:
+    """Stands in for `vllm.distributed.weight_transfer.nccl_common.trainer_init`: the trainer joins as `rank`."""
+    get = init_info.get if isinstance(init_info, dict) else lambda key: getattr(init_info, key)
+    return _join(get("master_address"), get("master_port"), rank, get("world_size"))
+
+
+def worker_init_process_group(init_info: Any, parallel_config: Any) -> GlooCommunicator:
+    """Stands in for `nccl_common.worker_init_process_group`: a worker joins at the rank NCCL would give it."""
+    worker_rank = parallel_config.data_parallel_index * parallel_config.world_size + parallel_config.rank
+    return _join(
+        init_info.master_address,
+        init_info.master_port,
+        worker_rank + init_info.rank_offset,
+        init_info.world_size,
+    )
+
+
+def broadcast_producer(
+    iterator: Iterator[tuple[str, torch.Tensor]],
+    group: GlooCommunicator,
+    src: int,
+    post_iter_func: Callable[[tuple[str, torch.Tensor]], torch.Tensor],
+    buffer_size_bytes: int | None = None,
+    num_buffers: int | None = None,
+) -> None:
+    """Stands in for `packed_tensor.packed_nccl_broadcast_producer`: vLLM's packed chunks, broadcast with gloo.
+
+    Args:
+        iterator (`Iterator[tuple[str, torch.Tensor]]`): the `(name, tensor)` pairs to send, in metadata order.
+        group (`GlooCommunicator`): from `trainer_init`.
+        src (`int`): the sender's rank (0).
+        post_iter_func (`Callable`): maps each pair to the tensor to send, as in vLLM.
+        buffer_size_bytes (`int`, *optional*, defaults to vLLM's `DEFAULT_PACKED_BUFFER_SIZE_BYTES`): a chunk is
+            sent once it holds more bytes; the receiver cuts at the same places.
+        num_buffers (`int`, *optional*): unused (NCCL's in-flight buffers on CUDA streams).
+    """
+    from vllm.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES, pack_tensors
+
+    limit = buffer_size_bytes or DEFAULT_PACKED_BUFFER_SIZE_BYTES
+    while (chunk := pack_tensors(iterator, post_iter_func, limit)) is not None:
+        group.broadcast(chunk.packed_tensor.cpu(), src=src)
+
+
+def broadcast_consumer(
+    iterator: Iterator[tuple[str, tuple[list[int], torch.dtype]]],
+    group: GlooCommunicator,
+    src: int,
+    post_unpack_func: Callable[[list[tuple[str, torch.Tensor]]], None],
+    buffer_size_bytes: int | None = None,
+    num_buffers: int | None = None,
+    device: torch.device | str = "cpu",
+) -> None:
+    """Stands in for `packed_tensor.packed_nccl_broadcast_consumer`: receives the producer's chunks with gloo.
+
+    Args:
+        iterator (`Iterator`): `(name, (shape, dtype))` of each tensor, in the order they are sent.
+        group (`GlooCommunicator`): from `worker_init_process_group`.
+        src (`int`): the sender's rank (0).
+        post_unpack_func (`Callable`): called with each chunk's `(name, tensor)` pairs (the model's `load_weights`).
+        buffer_size_bytes (`int`, *optional*, defaults to vLLM's `DEFAULT_PACKED_BUFFER_SIZE_BYTES`): as the producer's.
+        num_buffers (`int`, *optional*): unused (NCCL's in-flight buffers on CUDA streams).
+        device (`torch.device` or `str`, *optional*, defaults to `"cpu"`): where the received buffers are placed.
+    """
+    from vllm.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES, unpack_tensor
+
+    limit = buffer_size_bytes or DEFAULT_PACKED_BUFFER_SIZE_BYTES
+    chunk: list[tuple[str, list[int], torch.dtype, int]] = []
+
+    def receive() -> None:
+        names, shapes, dtypes, sizes = (list(field) for field in zip(*chunk))
+        packed = torch.empty(sum(sizes), dtype=torch.uint8)
+        group.broadcast(packed, src=src)
+        post_unpack_func(unpack_tensor(packed.to(device), names, shapes, dtypes, sizes))
+        chunk.clear()
+
+    total = 0
+    for name, (shape, dtype) in iterator:
+        size = math.prod(shape) * dtype.itemsize
+        chunk.append((name, shape, dtype, size))
+        total += size
+        if total > limit:  # where `pack_tensors` closes a chunk
+            receive()
+            total = 0
+    if chunk:
+        receive()
+
+
+def install_client() -> bool:
+    """In the trainer's process: TRL's `VLLMClient` joins and feeds the gloo group. Returns whether it patched
+    (False off CPU)."""
+    import trl.generation.vllm_client as client
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    if getattr(client.VLLMClient.init_communicator, "joins_on_cpu", False):
+        return True
+    if not client._HAS_STATEFUL_TRAINER_ENGINE:
+        raise RuntimeError("the gloo stand-in follows vLLM >= 0.28's weight transfer (TRL's stateful path)")
+    client.open_trainer_endpoint = trainer_init
+    client.packed_nccl_broadcast_producer = broadcast_producer
+    init_communicator = client.VLLMClient.init_communicator
+
+    def init_communicator_on_cpu(self: Any, device: Any = 0) -> None:
+        # TRL's device names where NCCL runs and is refused off CUDA; a device-less "cuda" passes that check and
+        # selects nothing (TRL sets a device only for an index), and the gloo group above runs on CPU.
+        init_communicator(self, device="cuda")
+
+    init_communicator_on_cpu.joins_on_cpu = True
+    client.VLLMClient.init_communicator = init_communicator_on_cpu
+    return True
+
+
+def install_server() -> None:
+    """vLLM general plugin, in each of the server's processes: `vllm_cpu_shim` and the gloo transport of the
+    worker's `NCCLWeightTransferEngine`. Does nothing off CPU."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    import vllm.distributed.weight_transfer.nccl_engine as engine
+    import vllm_cpu_shim
+
+    vllm_cpu_shim.install()
+    engine.worker_init_process_group = worker_init_process_group
+    engine.packed_nccl_broadcast_consumer = broadcast_consumer
+
+
+def plugin_path(folder: Path) -> Path:
+    """Write into `folder` the distribution metadata that registers `install_server` as a vLLM general plugin.
+
+    Args:
+        folder (`Path`): a folder to put on the server's `PYTHONPATH`, next to this module's folder.
+
+    Returns:
+        `Path`: `folder`.
+    """
+    info = folder / f"{PLUGIN_NAME}-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PLUGIN_NAME}\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        f"[vllm.general_plugins]\n{PLUGIN_NAME} = {Path(__file__).stem}:install_server\n"
+    )
+    return folder
