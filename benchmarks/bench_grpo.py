@@ -41,6 +41,8 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -76,7 +78,7 @@ from vlm_grpo.trainer import VLMGRPOTrainer
 # large: a GPU run (~270M text-layer params, a 1024-token image). vocab: extra words so the LM head costs ~10-15% of
 # the text tower, as in real Qwen2-VL.
 SCALES = {
-    "smoke": dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vis_dim=32, vis_depth=1, vis_heads=2,
+    "smoke": dict(hidden=128, layers=2, heads=2, kv_heads=2, inter=256, vis_dim=32, vis_depth=1, vis_heads=2,
                   extra_vocab=0, long_side=448),
     "small": dict(hidden=512, layers=4, heads=8, kv_heads=2, inter=1536, vis_dim=256, vis_depth=4, vis_heads=4,
                   extra_vocab=4096, long_side=448),
@@ -239,6 +241,10 @@ def build_trainer(name: str, key: str, opts, dims: dict, model_dir: str, lora: L
         import vllm_cpu_shim  # vLLM-CPU's packed linear weights cannot take TRL's weight sync (see the docstring)
 
         vllm_cpu_shim.install()
+    if common.get("use_vllm"):  # each trainer's engine sets up its own process group: one free port each
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(sock.getsockname()[1]))
     trainer = make_trainer(name, model_dir, build_dataset(spec, side, seed=opts.seed), common, opts, lora)
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
