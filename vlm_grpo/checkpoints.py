@@ -16,14 +16,16 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError
-from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 
 from .errors import VLMGRPOError
-from .models import ModelFamily
+
+if TYPE_CHECKING:  # `vlm-grpo train` reads this module before its heavy imports (see `option_cache`)
+    import torch
+
+    from .models import ModelFamily
 
 COMPLETE_MARKER = "checkpoint_complete"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -159,6 +161,9 @@ def load_optimizer_and_scheduler_to_cpu(
         scheduler (`Any`): the trainer's learning-rate scheduler.
         checkpoint_dir (`str | os.PathLike`): the checkpoint folder.
     """
+    import torch
+    from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+
     optimizer_file, scheduler_file = (
         os.path.join(checkpoint_dir, n) for n in (OPTIMIZER_NAME, SCHEDULER_NAME)
     )
