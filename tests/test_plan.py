@@ -173,7 +173,8 @@ def test_plan_says_does_not_fit_and_what_would_help():
 def test_plan_of_a_local_folder_with_a_training_option_override(tiny_model, tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text(
-        f"model_name_or_path: {tiny_model('gemma3')}\ndata_config: none.yaml\n", encoding="utf-8"
+        f"model_name_or_path: {tiny_model(a_family_with(image_rule='fixed'))}\ndata_config: none.yaml\n",
+        encoding="utf-8",
     )
     one = plan_command(str(config), "--per_device_train_batch_size", "8", "--num_generations", "8")
     assert one.returncode == 0, one.stderr[-2000:]
