@@ -205,9 +205,4 @@ def _glm_family(name: str, title: str, architecture: str, checkpoint: str, **exp
 
 GLM4V = _glm_family("glm4v", "GLM-4.1V", "Glm4vForConditionalGeneration", "GLM-4.1V")
 GLM46V = _glm_family("glm46v", "GLM-4.6V", "Glm46VForConditionalGeneration", "GLM-4.6V")
-GLM4V_MOE = _glm_family(
-    "glm4v_moe", "GLM-4.5V", "Glm4vMoeForConditionalGeneration", "GLM-4.5V", moe=True,
-    # Open: after a weight sync vLLM 0.31's log-probs of the tiny GLM-4.5V stay 0.17 per token from the trainer's,
-    # more than bfloat16 rounding explains, with every weight loaded.
-    vllm_logprob_gaps=("sync",),
-)  # fmt: skip
+GLM4V_MOE = _glm_family("glm4v_moe", "GLM-4.5V", "Glm4vMoeForConditionalGeneration", "GLM-4.5V", moe=True)
