@@ -12,7 +12,7 @@ chat template's default system turn, and tied embeddings where the small checkpo
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ._common import DEFAULT_WORDS, ROLE_WORDS, TAG_TOKENS, UNK_TOKEN, BuildOptions
@@ -48,8 +48,6 @@ FAMILIES: dict[str, TinyFamily] = {
 TINY_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
 """Shapes `build_tiny_model` builds. Each is the `model_type` of the saved config, except `internvl_moe`: an
 `internvl` model (InternVL3.5's MoE checkpoints) whose language model is a `qwen3_moe` mixture of experts."""
-BUILDERS: dict[str, Callable[..., str]] = {name: record.build for name, record in FAMILIES.items()}
-"""`shape -> builder(out_dir, **options)`, the options of `BuildOptions`."""
 VLLM_LOGPROB_GAPS: dict[str, tuple[str, ...]] = {
     name: record.vllm_logprob_gaps for name, record in FAMILIES.items() if record.vllm_logprob_gaps
 }
@@ -122,7 +120,6 @@ def one_family_per_image_rule(*, besides: Collection[str] = (), **properties: An
 
 
 __all__ = [
-    "BUILDERS",
     "DEFAULT_FAMILY",
     "DEFAULT_WORDS",
     "FAMILIES",
