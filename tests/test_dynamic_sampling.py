@@ -12,11 +12,11 @@ import shutil
 
 import pytest
 import torch
-from conftest import color_dataset, grpo_args, length_reward, write_color_data, write_train_yaml
+from conftest import color_dataset, color_rows, grpo_args, length_reward, write_color_data, write_train_yaml
 
 from vlm_grpo import VLMGRPOTrainer
-from vlm_grpo.dynamic_sampling import PromptStream
 from vlm_grpo.errors import VLMGRPOError
+from vlm_grpo.prompt_stream import PromptStream
 from vlm_grpo.testing import DEFAULT_FAMILY
 
 DEGENERATE = ("red", "green")
@@ -159,7 +159,7 @@ def test_resume_draws_the_prompts_the_uninterrupted_run_draws(tiny_model, tmp_pa
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"dynamic_sampling_at_cap": "drop"}, "fill or keep"),
+        ({"dynamic_sampling_at_cap": "drop"}, "error, fill or keep"),
         ({"dynamic_sampling_max_rounds": -1}, ">= 0"),
         ({"per_device_train_batch_size": 3, "num_generations": 3, "steps_per_generation": 1,
           "generation_batch_size": None}, None),
@@ -283,3 +283,192 @@ def test_features_of_dropped_groups_are_not_kept(tiny_model, tmp_path):
     kept = {id(row) for row in batch["image_inputs"]}
     assert trainer._metrics["train"]["dynamic_sampling/groups_dropped"][0] >= 1
     assert kept and set(trainer._image_features._outputs) <= kept
+
+
+# --------------------------------------------------------------------------------- which groups carry no signal
+AGGREGATIONS = ["sum_then_normalize", "normalize_then_sum"]
+SCALES = ["group", "batch", "none"]
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_group_is_dropped_exactly_when_its_advantages_are_all_zero(aggregation, scale):
+    """Over random rewards with ties and None patterns (all None, a single scorable row, one function None), a group
+    is dropped exactly when its advantages in the whole batch, as training computes them, are all zero."""
+    from vlm_grpo.advantages import group_advantages
+    from vlm_grpo.dynamic_sampling import no_signal
+
+    generator = torch.Generator().manual_seed(0)
+    g, functions = 4, 2
+    weights = torch.tensor([1.0, 2.0])
+    for _ in range(50):
+        groups = []
+        for kind in torch.randint(0, 6, (6,), generator=generator).tolist():
+            rewards = torch.randint(0, 2, (g, functions), generator=generator).float()  # ties are common
+            if kind == 0:
+                rewards[:] = torch.nan  # every reward None
+            elif kind == 1:
+                rewards[1:] = torch.nan  # one scorable row
+            elif kind == 2:
+                rewards[:, 1] = torch.nan  # the second function never applies
+            elif kind == 3:
+                rewards[:] = rewards[0]  # every row alike
+            groups.append(rewards)
+        batch = torch.cat(groups)  # [6*G, F]
+        advantages, _, _ = group_advantages(batch, weights, g, scale, aggregation)
+        expected = [bool(a.abs().max() <= 1e-6) for a in advantages.view(-1, g)]
+        assert no_signal(batch, weights, g, scale, aggregation) == expected
+        # whether a group carries a signal does not depend on the groups beside it
+        assert [no_signal(r, weights, g, scale, aggregation)[0] for r in groups] == expected
+
+
+def test_normalize_then_sum_keeps_a_group_whose_weighted_sum_ties():
+    """rewards [[2, 0], [0, 1]] with weights [1, 2]: the weighted sums tie (2, 2), yet TRL's normalize_then_sum
+    advantages are [-0.707, 0.707]: the group teaches something and is kept."""
+    from vlm_grpo.advantages import group_advantages
+    from vlm_grpo.dynamic_sampling import no_signal
+
+    rewards, weights = torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([1.0, 2.0])
+    advantages, _, _ = group_advantages(rewards, weights, 2, "group", "normalize_then_sum")
+    torch.testing.assert_close(advantages, torch.tensor([-0.7071, 0.7071]), atol=1e-3, rtol=0)
+    assert no_signal(rewards, weights, 2, "group", "normalize_then_sum") == [False]
+    assert no_signal(rewards, weights, 2, "group", "sum_then_normalize") == [True]
+
+
+@pytest.mark.parametrize(
+    "rewards",
+    [[[math.nan], [math.nan]], [[1.0], [math.nan]]],
+    ids=["all_none", "one_scorable_row"],
+)
+def test_groups_without_a_scorable_pair_are_dropped(rewards):
+    """TRL gives these groups zero advantage (nan_to_num): they are dropped, not kept as informative."""
+    from vlm_grpo.dynamic_sampling import no_signal
+
+    assert no_signal(torch.tensor(rewards), torch.tensor([1.0]), 2) == [True]
+
+
+def test_the_trainer_decides_with_its_own_aggregation(tiny_model, tmp_path):
+    """Two functions whose weighted sum is the same on every row, but which disagree row by row: with
+    normalize_then_sum every group has a signal and none is dropped; with sum_then_normalize every group is."""
+    first = lambda completions, **kwargs: [2.0 * (i % 2) for i in range(len(completions))]  # noqa: E731
+    second = lambda completions, **kwargs: [1.0 - i % 2 for i in range(len(completions))]  # noqa: E731
+    for aggregation, dropped in (("normalize_then_sum", 0.0), ("sum_then_normalize", 2.0)):
+        args = grpo_args(
+            tmp_path / aggregation, dynamic_sampling=True, dynamic_sampling_max_rounds=0, log_samples_steps=0,
+            multi_objective_aggregation=aggregation, reward_weights=[1.0, 2.0],
+        )  # fmt: skip
+        trainer = VLMGRPOTrainer(
+            tiny_model(DEFAULT_FAMILY), [first, second], args=args, train_dataset=color_dataset(8)
+        )
+        trainer.model.train()
+        trainer._generate_and_score_completions([r for r in color_dataset(2) for _ in range(2)])
+        metrics = trainer._metrics["train"]  # at the cap (no extra round) `fill` trains on the dropped groups
+        assert metrics["dynamic_sampling/groups_filled"] == [dropped], aggregation
+
+
+# --------------------------------------------------------------------------------- at the cap
+def test_error_at_the_cap_says_how_many_groups_had_no_signal(tiny_model, tmp_path):
+    """DAPO's reference stops when its generation budget is spent: `error` does, in one line with the figures."""
+    constant = lambda completions, **kwargs: [1.0] * len(completions)  # noqa: E731
+    trainer = trainer_for(
+        tiny_model, tmp_path, reward=constant, dynamic_sampling_max_rounds=1, dynamic_sampling_at_cap="error"
+    )
+    trainer.model.train()
+    with pytest.raises(VLMGRPOError) as error:
+        trainer._generate_and_score_completions([r for r in color_dataset(2) for _ in range(2)])
+    message = str(error.value)
+    assert "\n" not in message and "after 2 rounds" in message and "4 of 4 sampled groups (100%)" in message
+    assert "dynamic_sampling_max_rounds" in message and "fill or keep" in message
+
+
+def test_keep_never_discards_an_informative_group():
+    """`keep` trains on every informative group; with G=2 and 4 micro-batches two groups fill them equally, so 1 or 3
+    informative groups are rounded up with dropped ones (to 2 and 4), never down; with G=2 and 2 micro-batches one
+    group splits equally, so 1 informative group trains alone."""
+    from vlm_grpo.dynamic_sampling import keep_count
+
+    assert [keep_count(k, 4, 2, 4) for k in (1, 2, 3, 4)] == [2, 2, 4, 4]
+    assert [keep_count(k, 2, 2, 2) for k in (1, 2)] == [1, 2]
+    assert [keep_count(k, 4, 8, 2) for k in (1, 3)] == [1, 3]
+    assert keep_count(1, 3, 3, 2) == 2  # 3 rows of one group cannot split in 2; 2 groups' 6 rows can
+
+
+@pytest.mark.parametrize(
+    "micro_batches, informative, trained, filled",
+    [(4, 1, 2, 1), (2, 3, 3, 0)],
+    ids=["rounded_up", "all_three"],
+)
+def test_keep_with_micro_batches_trains_on_every_informative_group(
+    micro_batches, informative, trained, filled, tiny_model, tmp_path
+):
+    """G=2, 4 groups a generation batch: with 4 micro-batches of one row, 1 informative group is rounded up with a
+    dropped one (2 groups fill 4 micro-batches equally); with 2 micro-batches of 4 rows, 3 informative groups train
+    together (6 rows split equally): none is discarded."""
+    reward = lambda completions, solution, **kwargs: [  # noqa: E731
+        float(i % 2) if s == "informative" else 1.0 for i, s in enumerate(solution)
+    ]
+    trainer = trainer_for(
+        tiny_model, tmp_path, reward=reward, dynamic_sampling_max_rounds=0, dynamic_sampling_at_cap="keep",
+        per_device_train_batch_size=8 // micro_batches, steps_per_generation=micro_batches,
+        gradient_accumulation_steps=micro_batches,
+    )  # fmt: skip
+    rows = color_rows(4)
+    for i, row in enumerate(rows):
+        row["solution"] = "informative" if i < informative else "flat"
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([r for r in rows for _ in range(2)])
+    assert batch["completion_ids"].size(0) == 2 * trained
+    assert trainer._metrics["train"]["dynamic_sampling/groups_filled"] == [float(filled)]
+
+
+# --------------------------------------------------------------------------------- what the rewards logged
+def test_logged_columns_line_up_with_the_logged_completions(tiny_model, tmp_path):
+    """A reward logs each completion's text as an extra column and a metric per call: after rounds with dropped
+    groups, the extra column holds exactly the texts of the completions table, and the metric only the values of
+    calls whose rows are trained on."""
+
+    def agree_and_log(completions, solution, log_extra=None, log_metric=None, **kwargs):
+        log_extra("text", [c[0]["content"] for c in completions])
+        flat = all(s in DEGENERATE for s in solution)
+        log_metric("calls_all_flat", float(flat))
+        return agree_on_red_and_green(completions, solution)
+
+    trainer = trainer_for(tiny_model, tmp_path, reward=agree_and_log, max_steps=2, logging_steps=1)
+    trainer.model.train()
+    rows = [r for r in color_dataset(3).select([0, 2]) for _ in range(2)]  # red (dropped), blue (kept)
+    trainer._generate_and_score_completions(rows)
+    assert trainer._metrics["train"]["dynamic_sampling/groups_dropped"][0] >= 1
+    assert list(trainer._logs["extra"]["text"]) == [c[0]["content"] for c in trainer._logs["completion"]]
+    assert len(trainer._logs["completion"]) == 4
+    # the rounds of red and green squares alone trained nothing: their calls' value (1.0) is not logged
+    assert trainer._metrics["train"]["dynamic_sampling/groups_filled"] == [0.0]
+    assert trainer._metrics["train"]["calls_all_flat"] == [0.0]
+
+
+# --------------------------------------------------------------------------------- fresh prompts
+def test_a_refill_round_never_draws_a_prompt_already_sampled_in_the_batch(tiny_model, tmp_path):
+    """Twelve distinct prompts, ten of them without signal: every round of a generation batch samples prompts that
+    no earlier round of the same batch sampled."""
+    calls: list[list[int]] = []
+
+    def mostly_flat(completions, ident, **kwargs):
+        calls.append(sorted(set(ident)))
+        return [float(i % 2) if k >= 10 else 1.0 for i, k in enumerate(ident)]
+
+    rows = color_rows(12)
+    for i, row in enumerate(rows):
+        row["ident"] = i
+        row["prompt"][0]["content"][-1]["text"] += f" ({i})"
+    args = grpo_args(tmp_path, dynamic_sampling=True, dynamic_sampling_max_rounds=4, max_steps=3)
+    from datasets import Dataset
+
+    trainer = VLMGRPOTrainer(
+        tiny_model(DEFAULT_FAMILY), mostly_flat, args=args, train_dataset=Dataset.from_list(rows)
+    )
+    trainer.train()
+    rounds = [int(e["dynamic_sampling/rounds"]) for e in trainer.state.log_history if "loss" in e]
+    assert sum(rounds) == len(calls) and max(rounds) > 2
+    for step in range(len(rounds)):
+        batch_calls = calls[sum(rounds[:step]) : sum(rounds[: step + 1])]
+        drawn = [k for call in batch_calls for k in call]
+        assert len(drawn) == len(set(drawn)), batch_calls

@@ -105,6 +105,43 @@ def test_resume_setting_resolution(tmp_path):
         resolve_resume(str(tmp_path / "checkpoint-9"), tmp_path)
 
 
+@pytest.mark.parametrize("dynamic_sampling", [False, True], ids=["plain", "dynamic_sampling"])
+def test_resume_inside_a_generation_batch_is_exact(dynamic_sampling, tiny_model, tmp_path, monkeypatch):
+    """steps_per_generation 2 with one micro-batch a step: the step-1 checkpoint falls inside a generation batch. It
+    holds the buffered rollout, and a run resumed from it ends with the uninterrupted run's weights (TRL samples the
+    batch again there, and ends elsewhere)."""
+    from vlm_grpo.rollout_buffer import buffer_file
+    from vlm_grpo.train import main as train_main
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "length_reward.py").write_text(
+        "def length(completions, solution, **kwargs):\n"
+        "    return [1.0 if s == 'red' else float(len(c[0]['content'])) for c, s in zip(completions, solution)]\n"
+    )
+    data = write_color_data(tmp_path / "data", n=8)
+    options = dict(
+        rewards=["length_reward.length"], max_steps=4, steps_per_generation=2, save_strategy="steps", save_steps=1,
+        seed=5, learning_rate=1e-2, dynamic_sampling=dynamic_sampling,
+    )  # fmt: skip
+    model = tiny_model(DEFAULT_FAMILY)
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+    train_main(
+        [str(write_train_yaml(tmp_path / "a", model, data, output_dir=str(tmp_path / "a"), **options))]
+    )
+    checkpoint = tmp_path / "a" / "checkpoint-1"
+    assert buffer_file(checkpoint, 0).is_file()  # inside a generation batch: the rollout is saved
+    assert not buffer_file(tmp_path / "a" / "checkpoint-2", 0).exists()  # at its end: nothing to resume
+    shutil.copytree(checkpoint, tmp_path / "b" / "checkpoint-1")
+    config = write_train_yaml(tmp_path / "b", model, data, output_dir=str(tmp_path / "b"), **options)
+    train_main([str(config), "--resume_from_checkpoint", str(tmp_path / "b" / "checkpoint-1")])
+    a = load_file(tmp_path / "a" / "model.safetensors")
+    b = load_file(tmp_path / "b" / "model.safetensors")
+    initial = load_file(Path(model) / "model.safetensors")
+    assert any(not torch.equal(a[k], initial[k]) for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.distributed
 def test_zero3_two_processes_resume_matches_uninterrupted_run(tiny_model, tmp_path):
     """torchrun, 2 processes, ZeRO-3 (CPU): a run resumed from the step-2 checkpoint of an uninterrupted 4-step run

@@ -45,12 +45,14 @@ class VLMGRPOConfig(GRPOConfig):
             signal (every group's rewards with zero spread, or every reward 0); 0 turns the warning off.
         no_signal_warning_every (`int`, defaults to 50): while it lasts, repeat the warning every this many
             rollouts.
-        dynamic_sampling (`bool`, defaults to False): drop the groups whose rewards have zero spread (they teach
+        dynamic_sampling (`bool`, defaults to False): drop the groups whose advantages are all zero (they teach
             nothing) and sample fresh prompts until the generation batch holds its number of informative groups, as
             DAPO does (see `vlm_grpo.dynamic_sampling`).
         dynamic_sampling_max_rounds (`int`, defaults to 3): most extra generation rounds per generation batch.
-        dynamic_sampling_at_cap (`str`, defaults to `"fill"`): at the cap, `"fill"` completes the batch with dropped
-            groups (DAPO's reference); `"keep"` trains on the informative groups alone, a smaller batch.
+        dynamic_sampling_at_cap (`str`, defaults to `"fill"`): when the extra rounds are spent and groups are still
+            missing: `"error"` stops with a one-line error, as DAPO's reference does; `"fill"` completes the batch
+            with dropped groups; `"keep"` trains on the informative groups (a smaller batch, rounded up with dropped
+            groups only so that the micro-batches split equally).
     """
 
     freeze_vision_modules: bool = field(
@@ -95,7 +97,10 @@ class VLMGRPOConfig(GRPOConfig):
     )
     dynamic_sampling_at_cap: str = field(
         default="fill",
-        metadata={"help": "At the cap: fill (complete with dropped groups) or keep (train on fewer groups)."},
+        metadata={
+            "help": "When the extra rounds are spent: error (stop, as DAPO's reference), fill (complete the batch "
+            "with dropped groups) or keep (train on fewer groups)."
+        },
     )
 
     def __post_init__(self):
@@ -144,9 +149,9 @@ class VLMGRPOConfig(GRPOConfig):
 
     def _check_dynamic_sampling(self) -> None:
         """Dynamic sampling's options, and whole groups on every process (it keeps or drops groups)."""
-        if self.dynamic_sampling_at_cap not in ("fill", "keep"):
+        if self.dynamic_sampling_at_cap not in ("error", "fill", "keep"):
             raise VLMGRPOError(
-                f"dynamic_sampling_at_cap must be fill or keep, got {self.dynamic_sampling_at_cap!r}."
+                f"dynamic_sampling_at_cap must be error, fill or keep, got {self.dynamic_sampling_at_cap!r}."
             )
         if self.dynamic_sampling_max_rounds < 0:
             raise VLMGRPOError(

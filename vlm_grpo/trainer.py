@@ -50,15 +50,17 @@ from .checkpoints import (
     mark_complete,
 )
 from .config import VLMGRPOConfig, sharing_mode
-from .dynamic_sampling import DynamicSampling, PromptStream, Round, group_rows, kept_and_dropped
+from .dynamic_sampling import DynamicSampling, Round, chosen_logs, group_rows, kept_and_dropped
 from .dynamic_sampling import metrics as dynamic_metrics
 from .errors import VLMGRPOError
 from .image_features import ImageFeatureCache
 from .lm_head import keep_embedding_dtype
 from .models import EncodedPrompt, ModelFamily, get_model_family
 from .monitoring import PhaseTimer, step_metrics
+from .prompt_stream import PromptStream, prompt_key
 from .rewards.guard import RewardError
 from .rollout import Sampled, is_truncated, load_rows, pad_batch, pad_rows, row_images, same_prompt
+from .rollout_buffer import load_rollout, save_rollout
 from .rollout_log import length_metrics, reward_metrics, write_step_samples
 from .sample_log import samples_path
 from .shared_prefix import (
@@ -210,7 +212,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         if self.args.dynamic_sampling:
             self._dynamic = DynamicSampling(
                 self.num_generations, self.args.dynamic_sampling_max_rounds, self.args.dynamic_sampling_at_cap,
-                self.args.steps_per_generation, self.reward_weights,
+                self.args.steps_per_generation, self.reward_weights, self.scale_rewards,
+                self.multi_objective_aggregation,
             )  # fmt: skip
             self._prompt_stream = PromptStream(len(self.train_dataset), seed=self.args.seed + 1)
 
@@ -467,37 +470,50 @@ class VLMGRPOTrainer(GRPOTrainer):
     def _sample_dynamically(
         self, sampled: Sampled, timer: PhaseTimer
     ) -> tuple[Sampled, torch.Tensor, tuple[Sampled, torch.Tensor]]:
-        """Replace the groups whose rewards have zero spread by groups of fresh prompts (see `dynamic_sampling`).
+        """Replace the groups whose advantages are all zero by groups of fresh prompts (see `dynamic_sampling`).
 
-        Returns this process's rows to train on and their rewards `[n, F]`, and the rows dropped with theirs.
+        Returns this process's rows to train on and their rewards `[n, F]`, and the rows dropped with theirs. What
+        the reward functions logged (`log_extra`, `log_metric`) is kept for the rows trained on only.
         """
         process, num_generations = self.accelerator.process_index, self.num_generations
+        seen: set[str] = set()  # every process's prompts sampled in this generation batch
 
         def score(part: Sampled) -> Round:
             with timer("reward"):
                 rewards = self._calculate_rewards(
                     part.inputs, self._reward_prompts(part.inputs), part.completions, part.completion_ids
                 )  # [N, F], every process
+            seen.update(gather_object(sorted({prompt_key(x) for x in part.inputs})))
             n = len(part.inputs)
-            return Round(part.inputs, part, rewards[process * n : (process + 1) * n])
+            extra, logged = dict(self._pending_extra_logs), dict(self._pending_metrics)
+            self._pending_extra_logs.clear()
+            self._pending_metrics.clear()
+            return Round(part.inputs, part, rewards[process * n : (process + 1) * n], extra, logged)
 
         def fresh(groups: int) -> Round:
-            indices = self._prompt_stream.take(groups * self.accelerator.num_processes)
+            skip = lambda i: prompt_key(self.train_dataset[i]) in seen  # noqa: E731
+            indices = self._prompt_stream.take(groups * self.accelerator.num_processes, skip)
             mine = indices[process * groups : (process + 1) * groups]
             rows = [self.train_dataset[i] for i in mine for _ in range(num_generations)]
             return score(self._sample_rows(rows, "train", timer))
 
-        least, most = (
+        least, most, total = (
             (lambda n: int(self._across_processes(n, torch.min))),
             (lambda n: int(self._across_processes(n, torch.max))),
+            (lambda n: int(self._across_processes(n, torch.sum))),
         )
         collected = self._dynamic.collect(score(sampled), fresh, least, most)
         needed = len(sampled.inputs) // num_generations
-        runs = group_rows(self._dynamic.chosen(collected, needed, least), num_generations)
+        runs = group_rows(self._dynamic.chosen(collected, needed, least, total), num_generations)
+        if collected.note and self.accelerator.is_main_process:
+            logger.info(collected.note)
         for name, value in dynamic_metrics(
             collected, lambda v: self._across_processes(float(v), torch.sum)
         ).items():
             self._metrics["train"][name].append(value)
+        extra, logged = chosen_logs(runs)
+        self._pending_extra_logs.update(extra)
+        self._pending_metrics.update(logged)
         chosen, rewards, dropped = kept_and_dropped(collected, runs, num_generations)
         if self._image_features is not None:  # features of the dropped groups' images are not kept
             self._image_features.keep([e.image_inputs for e in chosen.encoded])
@@ -795,7 +811,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         load_optimizer_and_scheduler_to_cpu(self.optimizer, self.lr_scheduler, checkpoint)
 
     def _save_checkpoint(self, model, trial):
-        """Save as transformers does, then mark the checkpoint complete once every process has written it.
+        """Save as transformers does, with the buffered rollout (see `rollout_buffer`), then mark the checkpoint
+        complete once every process has written it.
 
         A write that fails (disk full, a read-only folder, a file-size limit) stops every process with one line
         naming the folder; the checkpoint is never marked complete, so resuming picks the previous complete one.
@@ -804,6 +821,10 @@ class VLMGRPOTrainer(GRPOTrainer):
         failure = None
         try:
             super()._save_checkpoint(model, trial)
+            inside = self._step % (self.args.steps_per_generation * self.num_iterations) != 0
+            save_rollout(
+                folder, self.accelerator.process_index, self._step, self._buffered_inputs if inside else None
+            )
         except (OSError, RuntimeError, SafetensorError) as error:
             failure = checkpoint_write_error(folder, error)
             if failure is None:  # not a failed write: a bug, with its traceback
@@ -818,7 +839,15 @@ class VLMGRPOTrainer(GRPOTrainer):
             mark_complete(folder)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
-        """Restore the random states as transformers does, and dynamic sampling's prompt stream."""
+        """Restore the random states as transformers does, dynamic sampling's prompt stream, and the micro-step count
+        and buffered rollout of a checkpoint taken inside a generation batch (see `rollout_buffer`)."""
         super()._load_rng_state(checkpoint)
-        if checkpoint is not None and self._prompt_stream is not None:
+        if checkpoint is None:
+            return
+        if self._prompt_stream is not None:
             self._prompt_stream.load(checkpoint)
+        step, buffered = load_rollout(checkpoint, self.accelerator.process_index, self.accelerator.device)
+        if step is not None:
+            self._step = step
+        if buffered is not None:
+            self._buffered_inputs = buffered
