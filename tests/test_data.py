@@ -545,6 +545,90 @@ def test_bad_json_line(tmp_path):
         load_data_config(cfg)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"image": "a.png", "problem": "Which brand is this product?", "solution": "Acme"',  # no closing brace
+        '{"image": "a.png", "problem": "p" "solution": "s"}',  # a missing comma mid-line
+    ],
+)
+def test_bad_json_line_names_the_column_python_names(tmp_path, bad):
+    make_image(tmp_path / "a.png")
+    (tmp_path / "data.jsonl").write_text(json.dumps(rec_records(1)[0]) + "\n" + bad + "\n")
+    with pytest.raises(json.JSONDecodeError) as python:
+        json.loads(bad)
+    cfg = write_yaml(tmp_path / "cfg.yaml", {"datasets": [{"json_path": "data.jsonl"}]})
+    with pytest.raises(DataConfigError) as info:
+        load_data_config(cfg)
+    assert f"record 2 (line 2): invalid JSON ({python.value.msg} at column {python.value.colno})" in str(
+        info.value
+    )
+    assert python.value.colno > 1
+
+
+def test_flat_records_in_a_jsonl_file(tmp_path):
+    records = [
+        {"image": "a.png", "problem": "Which brand?", "solution": "Acme", "options": ["Acme", "Globex"]},
+        {"image": ["a.png"], "problem": "Which one?", "solution": [1, 2, 3, 4]},
+    ]
+    ds = load_one(tmp_path, records, name="data.jsonl")
+    assert ds["solution"] == ["Acme", "[1, 2, 3, 4]"]
+    assert ds["image_paths"] == [[str(tmp_path / "a.png")]] * 2
+    assert user_content(ds[0]) == [{"type": "image"}, {"type": "text", "text": "Which brand?"}]
+    assert ds["options"] == [["Acme", "Globex"], None]
+
+
+@pytest.mark.parametrize("name", ["video", "videos", "audio", "audios"])
+@pytest.mark.parametrize("with_image", [True, False])
+def test_unsupported_media_field_is_an_error(tmp_path, name, with_image):
+    record = {"problem": "What happens?", "solution": "s", name: ["clip.mp4"]}
+    if with_image:
+        record["image"] = "a.png"
+    message = error_of(tmp_path, rec_records(2) + [record], name="data.jsonl")
+    assert f"data.jsonl: record 3 (line 3), field '{name}': " in message
+    assert (
+        "not supported, only images (from 'image' or 'images')" in message and "remove the field" in message
+    )
+
+
+def test_empty_media_field_is_kept_as_a_column(tmp_path):
+    ds = load_one(
+        tmp_path, [{"image": "a.png", "problem": "p", "solution": "s", "videos": []}], name="data.jsonl"
+    )
+    assert ds["videos"] == [[]] and ds["image_paths"] == [[str(tmp_path / "a.png")]]
+
+
+@pytest.mark.parametrize("name", ["completion", "completions", "trainer_state"])
+def test_field_named_like_a_reward_argument_is_an_error(tmp_path, name):
+    message = error_of(tmp_path, rec_records(1) + [{"problem": "p", "solution": "s", name: "x"}])
+    assert f"data.json: record 2, field '{name}'" in message and "never reach a reward" in message
+
+
+def test_unknown_field_reaches_the_rewards_as_a_column(tiny_model, tmp_path):
+    from conftest import grpo_args, square_image
+
+    from vlm_grpo import VLMGRPOTrainer
+    from vlm_grpo.testing import DEFAULT_FAMILY
+
+    square_image("red").save(tmp_path / "a.png")
+    colours = ["red", "green", "blue", "yellow"]
+    records = [
+        {"image": "a.png", "problem": "Colour?", "solution": c, "difficulty": f"hard-{c}"} for c in colours
+    ]
+    dataset = load_one(tmp_path, records, name="data.jsonl")
+    seen = []
+
+    def reads_difficulty(completions, solution, difficulty, **kwargs):
+        seen.append((list(solution), list(difficulty)))
+        return [0.0] * len(completions)
+
+    args = grpo_args(tmp_path / "run", max_steps=1, no_signal_warning_steps=0)
+    VLMGRPOTrainer(tiny_model(DEFAULT_FAMILY), reads_difficulty, args=args, train_dataset=dataset).train()
+    (solutions, difficulties), *_ = seen
+    assert len(difficulties) == args.per_device_train_batch_size  # one value per completion
+    assert difficulties == [f"hard-{s}" for s in solutions]
+
+
 def test_json_top_level_must_be_a_list(tmp_path):
     message = error_of(tmp_path, {"problem": "p", "solution": "s"})
     assert "data.json" in message and "JSON list" in message

@@ -56,7 +56,8 @@ def test_metrics_and_samples_of_a_run(tiny_model, tmp_path):
         assert "kl" in entry
 
     samples = read_samples(tmp_path)
-    assert {s["step"] for s in samples} == {0, 2}  # samples are written when a generation batch is made
+    # written when a generation batch is made, numbered by the first step it trains (1-based, as the logs)
+    assert {s["step"] for s in samples} == {1, 3}
     for record in samples:
         assert len(record["completions"]) == 2 and len(record["advantages"]) == 2
         assert record["rewards"]["length_reward"] == [float(len(c)) for c in record["completions"]]

@@ -42,6 +42,39 @@ def test_plot_run_of_a_real_training_run(tiny_model, tmp_path):
         assert image.width >= 800 and image.height >= 500
 
 
+def test_plot_draws_the_held_out_curves_of_a_run_that_evaluated(tiny_model, tmp_path):
+    from vlm_grpo.commands.plot import curve_panels
+
+    trainer = VLMGRPOTrainer(
+        model=tiny_model(DEFAULT_FAMILY),
+        reward_funcs=length_reward,
+        args=grpo_args(tmp_path, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4),
+        train_dataset=color_dataset(8),
+        eval_dataset=color_dataset(2),
+    )
+    trainer.train()
+    trainer.save_state()
+    evaluated = [e for e in trainer.state.log_history if "eval_reward" in e]
+    assert [e["step"] for e in evaluated] == [1, 2]
+
+    _, entries = load_log_history(tmp_path)
+    (reward, title, _, _), *_ = curve_panels(entries)
+    assert title == "reward (length_reward)"
+    assert reward == {
+        "length_reward": "rewards/length_reward/mean",
+        "length_reward (held-out)": "eval_rewards/length_reward/mean",
+    }
+    from vlm_grpo.commands.plot import curves_figure
+
+    figure = curves_figure(entries, "run")
+    lines = {line.get_label(): line for ax in figure.axes for line in ax.get_lines()}
+    held_out = lines["length_reward (held-out)"]
+    assert list(held_out.get_xdata()) == [1.0, 2.0]
+    assert list(held_out.get_ydata()) == [e["eval_rewards/length_reward/mean"] for e in evaluated]
+    assert list(lines["length_reward"].get_xdata()) == [1.0, 2.0]  # the training curve is still there
+    assert plot_run(tmp_path).is_file()
+
+
 def _write_state(folder, global_step: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     history = [
@@ -124,7 +157,7 @@ def test_write_read_and_render_samples(tmp_path):
     assert "embedded image" in page
     for step in (2, 10):
         assert f"step{step} answer &lt;i&gt;one&lt;/i&gt;" in page and f"step{step} answer two" in page
-    assert page.index("step 2") < page.index("step 10")
+    assert page.index("<h2>step 10</h2>") < page.index("<h2>step 2</h2>")  # newest first
     assert "0.7071" in page and "-0.7071" in page
     head = page[: page.index("<body>")]
     title = f"Samples of {tmp_path.parent.name}/{tmp_path.name}"  # the run, never a machine path
@@ -150,12 +183,44 @@ def test_inline_images_have_a_readable_size(tmp_path):
         assert image.size == (384, 384)  # ... and small ones grow to it, pixel by pixel
 
 
+def test_sample_files_are_numbered_like_the_console_and_the_curves(tiny_model, tmp_path):
+    trainer = VLMGRPOTrainer(
+        model=tiny_model(DEFAULT_FAMILY),
+        reward_funcs=length_reward,
+        args=grpo_args(tmp_path, max_steps=4, log_samples_steps=2),
+        train_dataset=color_dataset(8),
+    )
+    trainer.train()
+    logged = [e["step"] for e in trainer.state.log_history if "loss" in e]
+    assert logged == [1, 2, 3, 4]
+    files = sorted(p.name for p in (tmp_path / "samples").iterdir())
+    assert files == ["step_000001.jsonl", "step_000002.jsonl", "step_000004.jsonl"]  # step 1, then every 2
+    assert sorted({r["step"] for r in read_samples(tmp_path)}) == [1, 2, 4]
+
+
+def test_samples_page_lists_the_newest_step_first(tmp_path):
+    from vlm_grpo.commands.samples import main as samples_main
+
+    for step in (1, 2, 3):
+        write_samples(samples_path(tmp_path, step), [_record(step, [])])
+
+    def order(page: str) -> list[int]:
+        return sorted((1, 2, 3), key=lambda step: page.index(f"<h2>step {step}</h2>"))
+
+    assert order(render_html(tmp_path).read_text()) == [3, 2, 1]
+    assert order(render_html(tmp_path, oldest_first=True).read_text()) == [1, 2, 3]
+    assert "<h2>step 1</h2>" not in render_html(tmp_path, last=2).read_text()  # the last steps, newest first
+    samples_main([str(tmp_path), "--oldest_first", "--last", "2"])
+    page = (tmp_path / "samples.html").read_text()
+    assert "<h2>step 1</h2>" not in page and page.index("<h2>step 2</h2>") < page.index("<h2>step 3</h2>")
+
+
 def test_malformed_sample_line_names_file_and_line(tmp_path):
     path = samples_path(tmp_path, 3)
     write_samples(path, [_record(3, [])])
     with path.open("a") as f:
         f.write("{not json\n")
-    with pytest.raises(VLMGRPOError, match=r"step_000003\.jsonl, line 2"):
+    with pytest.raises(VLMGRPOError, match=r"step_000003\.jsonl, line 2, column 2: not valid JSON"):
         read_samples(tmp_path)
     path.write_text('["a list"]\n')
     with pytest.raises(VLMGRPOError, match="line 1: not a sample record"):

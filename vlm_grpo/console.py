@@ -3,11 +3,17 @@
 Only the command line is made quiet (see also `vlm_grpo.notices`). A script that builds `VLMGRPOTrainer` itself keeps
 transformers' printed metric dicts. Either way the full metrics go to every `report_to` backend and to
 `trainer_state.json`.
+
+The progress bar shares the terminal with log records (the trainer's warnings, transformers' notices): on the command
+line every console log handler writes through `tqdm.write`, which clears the bar, writes the record on a line of its
+own and draws the bar again below it (see `write_logs_around_bars`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +62,55 @@ class CompactPrinterCallback(TrainerCallback):
             print(line, flush=True)
 
 
+class BarSafeStream:
+    """A text stream that writes through `tqdm.write`: open progress bars on the terminal are cleared first and drawn
+    again after, so that what is written starts on a line of its own instead of after the bar.
+
+    Args:
+        stream (`TextIO`): the stream written to (`sys.stderr` or `sys.stdout`).
+    """
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        """Write `text` (a whole record, ending in a newline) between clearing and redrawing the bars."""
+        from tqdm import tqdm
+
+        tqdm.write(text, file=self.stream, end="")
+
+    def flush(self) -> None:
+        """Flush the underlying stream."""
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)  # `isatty`, `encoding`, `name`, ... of the underlying stream
+
+
+def write_logs_around_bars() -> None:
+    """Make every log handler that writes to the terminal write through `BarSafeStream`.
+
+    Affects the plain `logging.StreamHandler`s on `sys.stderr` or `sys.stdout` of the root logger (set up by
+    `logging.basicConfig`) and of every library logger (transformers installs its own); file handlers and other
+    handler classes are left as they are. Levels, formats and filters are kept. Calling it again changes nothing.
+    """
+    named = [x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger)]
+    for logger in [logging.getLogger(), *named]:  # (the other entries are placeholders of unused parent names)
+        for handler in logger.handlers:
+            if type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.stdout):
+                handler.setStream(BarSafeStream(handler.stream))
+
+
 def use_compact_console(trainer: Any) -> None:
-    """Replace the trainer's metric-dict printers by their compact versions."""
+    """Replace the trainer's metric-dict printers by their compact versions, and keep log records off the progress
+    bar's line (`write_logs_around_bars`)."""
     for full, compact in (
         (ProgressCallback, CompactProgressCallback),
         (PrinterCallback, CompactPrinterCallback),
     ):
         if trainer.pop_callback(full) is not None:
             trainer.add_callback(compact)
+    write_logs_around_bars()
 
 
 def closing_summary(trainer: Any, seconds: float) -> str:

@@ -74,7 +74,7 @@ def _gathered_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_step_samples(
     output_dir: str,
-    step: int,
+    global_step: int,
     names: list[str],
     sampled: Sampled,
     rewards_per_func: torch.Tensor,
@@ -83,11 +83,14 @@ def write_step_samples(
     is_main_process: bool,
     dropped: tuple[Sampled, torch.Tensor] | None = None,
 ) -> None:
-    """Write one step's groups to `output_dir/samples/` (main process); every process must call it.
+    """Write one rollout's groups to `output_dir/samples/` (main process); every process must call it.
+
+    The records and the file are numbered by the step the rollout trains as, `global_step + 1`: the first rollout is
+    step 1, as on the console, in `trainer_state.json` and on the curves (see `vlm_grpo.sample_log`).
 
     Args:
         output_dir (`str`): the run's output folder.
-        step (`int`): the global step the samples belong to.
+        global_step (`int`): the trainer's `state.global_step` when the rollout was generated (optimizer steps done).
         names (`list[str]`): the reward functions' names.
         sampled (`Sampled`): this process's rows and completions.
         rewards_per_func (`torch.Tensor`): `[N, F]` rewards of every process's rows.
@@ -104,6 +107,7 @@ def write_step_samples(
     def texts(part: Sampled) -> list[str]:
         return gather_object([c[0]["content"] for c in part.completions])
 
+    step = global_step + 1
     rows, all_texts = _gathered_rows(sampled.inputs), texts(sampled)
     extra = []
     if dropped is not None:

@@ -6,6 +6,13 @@ one JSON line per prompt group:
     {"step": 10, "prompt": "What color is the square ?", "images": ["data/0001.png"], "solution": "red",
      "completions": ["red", "blue"], "rewards": {"accuracy": [1.0, 0.0]}, "advantages": [0.71, -0.71]}
 
+`step` is the step the rollout trains as, counted from 1 like the console, `trainer_state.json`'s `log_history` and
+the curves: its completions come from the model as it was after `step - 1` optimizer steps. With
+`log_samples_steps: N` the logged steps are 1, N, 2N, ... (the steps the console logs when `logging_steps` is N);
+the first one shows the model before any update.
+A rollout that serves several optimizer steps (`num_iterations` > 1, or `steps_per_generation` >
+`gradient_accumulation_steps`) is numbered by the first of them, and logged when that step is one of those.
+
 `images` holds file paths ("" for an image that had no file); a reward is null where it does not apply.
 `vlm_grpo.commands.samples` reads these files back and renders them as an HTML page.
 """
@@ -27,7 +34,7 @@ SAMPLE_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
 
 def samples_path(run_dir: str | Path, step: int) -> Path:
-    """Where the samples of training step `step` go: `RUN_DIR/samples/step_{step:06d}.jsonl`."""
+    """Where the samples of training step `step` (1-based) go: `RUN_DIR/samples/step_{step:06d}.jsonl`."""
     return Path(run_dir) / SAMPLES_DIR / f"step_{step:06d}.jsonl"
 
 
@@ -46,7 +53,7 @@ def write_samples(path: str | Path, records: Iterable[dict[str, Any]]) -> Path:
     """Write prompt-group records as JSON lines (parent folders are created, an existing file is replaced).
 
     Args:
-        path (`str | Path`): the JSONL file, usually `samples_path(output_dir, global_step)`.
+        path (`str | Path`): the JSONL file, usually `samples_path(output_dir, step)`.
         records (`Iterable[dict]`): one dict per prompt group with the keys `step`, `prompt`, `images`,
             `solution`, `completions`, `rewards` and `advantages` (see the module docstring). NaN rewards are
             written as null.

@@ -676,9 +676,10 @@ class VLMGRPOTrainer(GRPOTrainer):
             self._logs["images"].extend(gather_object([row_images(x) or None for x in inputs]))
 
     def _write_samples(self, sampled, rewards_per_func, advantages, num_generations, dropped=None) -> None:
-        """Every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (see `rollout_log`)."""
-        every = self.args.log_samples_steps
-        if every and self.state.global_step % every == 0:
+        """At step 1 and every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (see
+        `rollout_log`); steps count from 1, as on the console."""
+        every, step = self.args.log_samples_steps, self.state.global_step + 1  # the step this rollout trains as
+        if every and (step == 1 or step % every == 0):
             write_step_samples(
                 self.args.output_dir, self.state.global_step, self.reward_func_names, sampled, rewards_per_func,
                 advantages, num_generations, self.accelerator.is_main_process, dropped,

@@ -9,6 +9,9 @@ reward per reward function, total reward, accuracy (every accuracy-style reward:
 `choice_accuracy`, `math_accuracy`, `geo3k`), completion length, KL and entropy. Panels that would draw the same
 series are merged (with one reward, the reward panel is also its per-function and, for an accuracy reward, its
 accuracy panel), and a near-constant series is drawn on a sane scale instead of its rounding noise.
+
+When the run evaluated (`eval_data_config` with `eval_strategy` / `eval_steps`), its `eval_*` log entries are drawn
+too: each panel's series gets a dashed held-out curve, labelled `(held-out)`, at the steps it was evaluated.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ ACCURACY_REWARDS = ("accuracy", *ACCURACY_METHODS)
 
 STATE_FILE = "trainer_state.json"
 DEFAULT_OUTPUT = "training_curves.png"
+EVAL_PREFIX = "eval_"
+"""Prefix of the keys of evaluation log entries (`eval_reward`, `eval_rewards/iou/mean`, ...)."""
+HELD_OUT = " (held-out)"
+"""Suffix of the label of a held-out (evaluation) curve."""
 _REWARD_KEY = re.compile(r"^rewards/(.+)/mean$")
 MIN_RELATIVE_SPAN = 0.05
 """A panel's y-range spans at least this share of its largest |value| (so rounding noise stays flat)."""
@@ -74,32 +81,37 @@ def _read_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def _logs_step(entry: Any, prefix: str = "") -> bool:
+    """Whether `entry` is a log entry of a step: a `step` and a loss or a reward, their keys starting with `prefix`."""
+    if not isinstance(entry, dict) or "step" not in entry:
+        return False
+    keys = [k[len(prefix) :] for k in entry if k.startswith(prefix)]
+    return "reward" in keys or "loss" in keys or any(_REWARD_KEY.match(k) for k in keys)
+
+
 def load_log_history(run_dir: str | Path) -> tuple[Path, list[dict[str, Any]]]:
-    """The training log entries of the newest state: those with a `step` and a `loss` or a reward.
+    """The log entries of the newest state: training entries (a `step` and a `loss` or a reward) and held-out
+    evaluation entries (the same with `eval_` keys).
 
     Args:
         run_dir (`str | Path`): the run's `output_dir`.
 
     Returns:
-        `tuple[Path, list[dict]]`: the state file read and its training entries, sorted by step.
+        `tuple[Path, list[dict]]`: the state file read and its entries, sorted by step (at a step where the run
+        evaluated, the training entry comes first).
 
     Raises:
         VLMGRPOError: no state file, or it logged no training step.
     """
     path = find_trainer_state(run_dir)
     history = _read_state(path).get("log_history") or []
-    entries = [
-        e
-        for e in history
-        if isinstance(e, dict)
-        and "step" in e
-        and ("reward" in e or any(_REWARD_KEY.match(k) for k in e) or "loss" in e)
-    ]
-    if not entries:
+    training = [e for e in history if _logs_step(e)]
+    if not training:
         raise VLMGRPOError(
             f"{path} has no training log entries; train for at least `logging_steps` steps before plotting."
         )
-    return path, sorted(entries, key=lambda e: e["step"])
+    held_out = [e for e in history if _logs_step(e, EVAL_PREFIX) and not _logs_step(e)]
+    return path, sorted(training + held_out, key=lambda e: e["step"])
 
 
 def _series(entries: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -131,7 +143,12 @@ def _draw(
     for label, key in keys.items():
         steps, values = _series(entries, key)
         if steps:
-            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+            style = (
+                {"linestyle": "--", "marker": "s"}
+                if key.startswith(EVAL_PREFIX)
+                else {"marker": "o" if len(steps) < 30 else None}
+            )
+            ax.plot(steps, values, markersize=3, label=label, **style)
             drawn += 1
             low, high = min(low, *values), max(high, *values)
     if drawn:
@@ -172,7 +189,7 @@ def plot_title(run_dir: str | Path, state_file: Path) -> str:
 
 
 def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
-    """Draw the training curves of a run into a PNG.
+    """Draw the training curves of a run, with its held-out curves when it evaluated, into a PNG.
 
     Args:
         run_dir (`str | Path`): the run's `output_dir`.
@@ -184,32 +201,46 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     Raises:
         VLMGRPOError: no `trainer_state.json` in the run, or no training step logged in it.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     path, entries = load_log_history(run_dir)
-    panels = curve_panels(entries)
-    columns = math.ceil(len(panels) / 2)
-    figure = Figure(figsize=(5 * columns, 8.5), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(2, columns).ravel()
-    for ax, (series, title, missing, legend) in zip(axes, panels, strict=False):
-        _draw(ax, entries, series, title, missing, legend)
-    for ax in axes[len(panels) :]:
-        ax.set_visible(False)
-    figure.suptitle(plot_title(run_dir, path), fontsize="medium")
-
+    figure = curves_figure(entries, plot_title(run_dir, path))
     output = Path(output) if output is not None else Path(run_dir) / DEFAULT_OUTPUT
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output, dpi=100, format="png")
     return output
 
 
+def curves_figure(entries: list[dict[str, Any]], title: str) -> Any:
+    """The figure of the curves: the panels of `curve_panels` on a grid of two rows.
+
+    Args:
+        entries (`list[dict]`): log entries, as `load_log_history` returns them.
+        title (`str`): the figure's title (see `plot_title`).
+
+    Returns:
+        `matplotlib.figure.Figure`: the figure, with an Agg canvas.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = curve_panels(entries)
+    columns = math.ceil(len(panels) / 2)
+    figure = Figure(figsize=(5 * columns, 8.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, columns).ravel()
+    for ax, (series, panel_title, missing, legend) in zip(axes, panels, strict=False):
+        _draw(ax, entries, series, panel_title, missing, legend)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    figure.suptitle(title, fontsize="medium")
+    return figure
+
+
 def curve_panels(entries: list[dict[str, Any]]) -> list[tuple[dict[str, str], str, str, bool]]:
     """The panels to draw, in order: `(series label -> log key, title, note when none was logged, legend)`.
 
     With one reward function, its curve is the total reward's (up to its weight) and, for an accuracy-style reward,
-    the accuracy's: one panel shows it.
+    the accuracy's: one panel shows it. Every series that was also evaluated (an `eval_` key) is followed by its
+    held-out series, labelled with `HELD_OUT`.
     """
     keys = sorted({k for e in entries for k in e})
     per_function = {m.group(1): k for k in keys if (m := _REWARD_KEY.match(k))}
@@ -226,7 +257,20 @@ def curve_panels(entries: list[dict[str, Any]]) -> list[tuple[dict[str, str], st
     panels.append(({"mean": "completions/mean_length"}, "completion length (tokens)", "not logged", False))
     panels.append(({"kl": "kl"}, "KL to the reference", "not logged (beta = 0)", False))
     panels.append(({"entropy": "entropy"}, "entropy", "not logged", False))
-    return panels
+    logged = set(keys)
+    return [
+        (_with_held_out(series, logged), title, missing, legend) for series, title, missing, legend in panels
+    ]
+
+
+def _with_held_out(series: dict[str, str], logged: set[str]) -> dict[str, str]:
+    """`series` with, after each of its series, the held-out one (`eval_` + key) where that was logged."""
+    both = {}
+    for label, key in series.items():
+        both[label] = key
+        if EVAL_PREFIX + key in logged:
+            both[label + HELD_OUT] = EVAL_PREFIX + key
+    return both
 
 
 def main(argv: list[str] | None = None) -> None:

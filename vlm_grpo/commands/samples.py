@@ -3,10 +3,12 @@
 vlm-grpo samples runs/demo                      writes runs/demo/samples.html
 vlm-grpo samples runs/demo --output view.html
 vlm-grpo samples runs/demo --last 1 --max_groups 4    the last logged step, its first 4 prompt groups
+vlm-grpo samples runs/demo --oldest_first       the first logged step at the top
 
-A page shows the first `--max_groups` prompt groups of each logged step (default 8; under a step with more, a line
-says how many of how many are shown), and embeds each image as a PNG, or, when the PNG is large, as the smaller of
-a 256-colour PNG and a JPEG: a page of a few steps stays small enough to keep in git.
+A page lists the logged steps newest first (`--oldest_first` reverses it), numbered as the console and the curves
+number them (the first step is 1). It shows the first `--max_groups` prompt groups of each step (default 8; under a
+step with more, a line says how many of how many are shown), and embeds each image as a PNG, or, when the PNG is
+large, as the smaller of a 256-colour PNG and a JPEG: a page of a few steps stays small enough to keep in git.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import argparse
 import base64
 import html
 import io
-import itertools
 import json
 import math
 import sys
@@ -83,7 +84,7 @@ def read_samples(run_dir: str | Path) -> list[dict[str, Any]]:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise VLMGRPOError(
-                    f"{file}, line {number}: not valid JSON ({error.msg}); fix or delete it."
+                    f"{file}, line {number}, column {error.colno}: not valid JSON ({error.msg}); fix or delete it."
                 ) from None
             if not isinstance(record, dict) or not isinstance(record.get("completions"), list):
                 raise VLMGRPOError(
@@ -253,6 +254,7 @@ def render_html(
     output: str | Path | None = None,
     last: int | None = None,
     max_groups: int | None = MAX_GROUPS,
+    oldest_first: bool = False,
 ) -> Path:
     """Write a static, self-contained HTML page of a run's samples (images embedded as data URIs).
 
@@ -264,6 +266,8 @@ def render_html(
             step.
         max_groups (`int | None`, *optional*, defaults to `MAX_GROUPS`): at most this many prompt groups of each
             step, the first ones (the page says how many of how many it shows); `None` means every group.
+        oldest_first (`bool`, *optional*, defaults to `False`): list the steps from the first logged one on; by
+            default the newest step comes first.
 
     Returns:
         `Path`: the page written.
@@ -272,13 +276,15 @@ def render_html(
         VLMGRPOError: no sample files in the run, or a malformed line (see `read_samples`).
     """
     run_dir = Path(run_dir)
-    records = read_samples(run_dir)
+    by_step: dict[Any, list[dict[str, Any]]] = {}
+    for record in read_samples(run_dir):
+        by_step.setdefault(record.get("step"), []).append(record)
+    steps = sorted(by_step, key=lambda s: (s is None, s))  # oldest first
     if last is not None:
-        steps = (
-            sorted({r.get("step") for r in records}, key=lambda s: (s is None, s))[-last:] if last > 0 else []
-        )
-        records = [r for r in records if r.get("step") in steps]
-    if not records:
+        steps = steps[-last:] if last > 0 else []
+    if not oldest_first:
+        steps.reverse()
+    if not steps:
         raise VLMGRPOError(
             f"no samples in {run_dir / SAMPLES_DIR} (expected step_*.jsonl files); the trainer writes them "
             "while training, so train with sample logging on first."
@@ -293,8 +299,8 @@ def render_html(
     )
     body = [f"<h1>{html.escape(title)}</h1>"]
     cache: dict[str, str] = {}
-    for step, group in itertools.groupby(records, key=lambda r: r.get("step")):
-        group = list(group)
+    for step in steps:
+        group = by_step[step]
         body.append(f"<h2>step {html.escape(str(step))}</h2>")
         if max_groups and 0 < max_groups < len(group):
             body.append(shown_note(max_groups, len(group)))
@@ -328,8 +334,17 @@ def main(argv: list[str] | None = None) -> None:
         default=MAX_GROUPS,
         help=f"at most N prompt groups of each step (default {MAX_GROUPS}); 0: every group",
     )
+    parser.add_argument(
+        "--oldest_first", action="store_true", help="list the first logged step first (default: newest first)"
+    )
     args = parser.parse_args(argv)
-    output = render_html(args.run_dir, args.output, last=args.last, max_groups=args.max_groups or None)
+    output = render_html(
+        args.run_dir,
+        args.output,
+        last=args.last,
+        max_groups=args.max_groups or None,
+        oldest_first=args.oldest_first,
+    )
     print(output)
 
 

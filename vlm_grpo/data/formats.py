@@ -11,14 +11,17 @@ Detection rule, applied to each record on its own:
    `answer` (which is then not kept as a separate field).
 
 In both, images come from `image` or `images` (at most one of them): `None`, a path, raw bytes, a
-`{"bytes", "path"}` mapping, or a list of these (see `vlm_grpo.data.images`).
+`{"bytes", "path"}` mapping, or a list of these (see `vlm_grpo.data.images`). Images are the only media: a record
+whose `video`, `videos`, `audio` or `audios` field holds anything (`UNSUPPORTED_MEDIA_FIELDS`) is an error, never a
+prompt trained without it.
 
 `solution` is always a string: strings are kept as is, other JSON values (numbers, box lists such as
 `[x1, y1, x2, y2]`, mappings) become their `json.dumps` text, e.g. `"[10, 20, 30, 40]"`.
 
-All other fields are kept unchanged for the reward functions, together with `problem`. The consumed fields
-`image`, `images`, `conversations`, `solution` (replaced by its text form) and, when it became the
-solution, `answer` are not kept as they were.
+All other fields are kept unchanged for the reward functions, together with `problem`: every dataset column
+reaches each reward as a keyword argument (a field named like one of the rewards' own arguments, `REWARD_ARGUMENTS`,
+is an error). The consumed fields `image`, `images`, `conversations`, `solution`
+(replaced by its text form) and, when it became the solution, `answer` are not kept as they were.
 """
 
 from __future__ import annotations
@@ -32,6 +35,23 @@ from .readers import Record
 
 RESERVED_FIELDS = ("prompt", "image_paths", "source")
 """Output columns that a record may not bring itself (they would be overwritten)."""
+
+REWARD_ARGUMENTS = (
+    "prompts",
+    "completions",
+    "completion",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+    "environments",
+)
+"""Names TRL 1.16 gives a reward's arguments itself, or keeps from the rewards (`completion`, `completion_ids`): a
+record field of one of these names would never reach a reward, so a record may not bring one."""
+
+UNSUPPORTED_MEDIA_FIELDS = {"video": "video", "videos": "video", "audio": "audio", "audios": "audio"}
+"""Media fields the loader does not read, with their kind: a record that fills one is refused, since its prompt would
+otherwise be trained without that input (an empty value, `null` or `[]`, is accepted and passed on like any field)."""
 
 HUMAN_ROLES = ("human", "user")
 GPT_ROLES = ("gpt", "assistant")
@@ -111,8 +131,8 @@ def parse_record(file: str, record: Record, image_root: str) -> ParsedRecord:
         `ParsedRecord`: The record's problem, solution, images and kept fields.
 
     Raises:
-        DataConfigError: A needed field is missing, a field has the wrong type, or the record brings one of
-            `RESERVED_FIELDS`.
+        DataConfigError: A needed field is missing, a field has the wrong type, the record brings one of
+            `RESERVED_FIELDS` or `REWARD_ARGUMENTS`, or it fills one of `UNSUPPORTED_MEDIA_FIELDS`.
     """
     fields = record.fields
     for name in RESERVED_FIELDS:
@@ -122,6 +142,25 @@ def parse_record(file: str, record: Record, image_root: str) -> ParsedRecord:
                 record.where,
                 name,
                 f"'{name}' is an output column the loader builds; rename the field in the data",
+            )
+    for name in REWARD_ARGUMENTS:
+        if name in fields:
+            raise record_error(
+                file,
+                record.where,
+                name,
+                f"'{name}' is a name the trainer gives the rewards' own arguments, so this field would never reach a "
+                "reward; rename the field in the data",
+            )
+    for name, kind in UNSUPPORTED_MEDIA_FIELDS.items():
+        if fields.get(name) not in (None, "", [], {}):
+            raise record_error(
+                file,
+                record.where,
+                name,
+                f"{kind} input is not supported, only images (from 'image' or 'images'), so this record would train "
+                f"without its {kind}; remove the field or the record"
+                + (", or give the video as frames in 'images'" if kind == "video" else ""),
             )
     consumed = {"image", "images", "solution"}
     if fields.get("conversations") is not None:

@@ -93,7 +93,9 @@ def _read_jsonl(path: str) -> list[Record]:
                 if not line.strip():
                     continue
                 try:
-                    fields = json.loads(line)
+                    # without its line break: an error at the end of the line (a missing brace) is then at the
+                    # column after its last character, not at column 1 of a second line
+                    fields = json.loads(line.rstrip("\r\n"))
                 except json.JSONDecodeError as exc:
                     raise DataConfigError(
                         f"{path}: record {len(records) + 1} (line {line_number}): invalid JSON ({exc.msg} at column "
