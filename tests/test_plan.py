@@ -134,6 +134,20 @@ def plan_command(*args: str):
     return vlm_grpo("plan", *args)
 
 
+def parsed(model: str, **options):
+    """`(training_args, model_args)` of a config with `options`, parsed as `vlm-grpo plan` parses a YAML."""
+    from vlm_grpo.commands.plan import training_options
+
+    return training_options("train.yaml", {"model_name_or_path": model, **options}, [])
+
+
+def planned(model: str, gpu_memory: int = 80 * 2**30, plan_options: dict | None = None, **options):
+    """`plan_config` of a config with `options`; `plan_options` are `plan_config`'s own (processes, deepspeed...)."""
+    from vlm_grpo.planner.report import plan_config
+
+    return plan_config(*parsed(model, **options), gpu_memory, **(plan_options or {}))
+
+
 def test_plan_prints_the_breakdown_and_a_verdict_for_a_recipe():
     result = plan_command("recipes/qwen2_5_vl_7b_brand_qlora.yaml", "--gpus", "1", "--gpu_memory", "24GiB")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -167,7 +181,7 @@ def test_plan_says_does_not_fit_and_what_would_help():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "verdict     does not fit in 24 GiB" in result.stdout
-    assert "gradient_checkpointing: true" in result.stdout.split("would lower the peak most:")[1]
+    assert "gradient_checkpointing: true" in result.stdout.split("would lower the peak")[1]
 
 
 def test_plan_of_a_local_folder_with_a_training_option_override(tiny_model, tmp_path):
@@ -257,7 +271,7 @@ def test_kv_cache_per_token_equals_a_real_forward(family_name, tiny_model):
 
 
 RECIPE_PEAK = re.compile(
-    r"^# Planned peak per GPU: ([0-9.]+) GiB, 448x448 images \(vlm-grpo plan (.*)\)\.$", re.M
+    r"^# Planned peak per GPU: ([0-9.]+) GiB, ([0-9]+x[0-9]+) images \(vlm-grpo plan (.*)\)\.$", re.M
 )
 
 
@@ -274,6 +288,10 @@ def test_each_recipe_states_the_peak_the_planner_gives(recipe, capsys, monkeypat
         assert "--model_config path/to/config.json" in text
         return
     monkeypatch.chdir(root)
-    main(found.group(2).split())
-    peak = re.search(r"^  peak\s+([0-9.]+) GiB", capsys.readouterr().out, re.M).group(1)
+    main(found.group(3).split())
+    out = capsys.readouterr().out
+    peak = re.search(r"^  peak\s+([0-9.]+) GiB", out, re.M).group(1)
     assert f"{float(peak):.1f}" == found.group(1)
+    assert f" of {found.group(2)}), " in out  # the image size the plan assumed is the one the header states
+    gpu = re.search(r"--gpu_memory ([0-9]+)GiB", found.group(3)).group(1)
+    assert f"verdict     fits in {gpu} GiB" in out  # every recipe fits the hardware its command states

@@ -22,7 +22,6 @@ from ..errors import VLMGRPOError, run_cli
 GIB = 2**30
 
 USAGE = "vlm-grpo plan CONFIG.yaml [--gpus N] [--nodes M] [--gpu_memory 24GiB] [--option value ...]"
-DEFAULT_IMAGE = (448, 448)
 
 
 def plan_parser() -> argparse.ArgumentParser:
@@ -43,7 +42,11 @@ def plan_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model_config", help="the model's config.json, when model_name_or_path is not local"
     )
-    parser.add_argument("--image_size", default=None, help="WIDTHxHEIGHT of the images (default 448x448)")
+    parser.add_argument(
+        "--image_size",
+        default=None,
+        help="WIDTHxHEIGHT of the images (default: the square of max_pixels when the config sets it, else 448x448)",
+    )
     parser.add_argument("--images", type=int, default=1, help="images per prompt (default 1)")
     parser.add_argument("--text_tokens", type=int, default=64, help="text tokens of a prompt (default 64)")
     parser.add_argument("--deepspeed", help="DeepSpeed json (ZeRO stage, offload); also read from the YAML")
@@ -105,7 +108,8 @@ def training_options(config_path: str, config: dict[str, Any], rest: list[str]) 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo plan`: parse, build the model on meta, print the plan and the verdict."""
-    from ..train import read_config
+    from ..train_options import read_options
+    from ..train import check_config_keys, check_flags, read_config
 
     plan_args, rest = plan_parser().parse_known_args(argv)
     if plan_args.gpus < 1 or plan_args.nodes < 1:
@@ -113,10 +117,14 @@ def main(argv: list[str] | None = None) -> None:
             f"--gpus and --nodes must be at least 1, got {plan_args.gpus} and {plan_args.nodes}."
         )
     config = read_config(plan_args.config)
+    options = read_options()
+    if options is not None:  # unknown keys and flags, before TRL and transformers are imported
+        check_flags(rest, options["flags"])
+        check_config_keys(config, plan_args.config, options["names"])
     gpu_memory = parse_memory(plan_args.gpu_memory)
-    width, height = parse_image_size(plan_args.image_size) if plan_args.image_size else DEFAULT_IMAGE
-    training_args, model_args = training_options(plan_args.config, config, rest)
+    image_size = parse_image_size(plan_args.image_size) if plan_args.image_size else None
     stage, offload_optimizer, offload_params = read_deepspeed(plan_args.deepspeed or config.get("deepspeed"))
+    training_args, model_args = training_options(plan_args.config, config, rest)
     processes = plan_args.gpus * plan_args.nodes
     if stage and processes == 1:
         print("note: ZeRO on one GPU divides nothing; give --gpus (and --nodes) as you will launch.")
@@ -128,14 +136,15 @@ def main(argv: list[str] | None = None) -> None:
         gpu_memory,
         processes=processes,
         deepspeed=(stage, offload_optimizer, offload_params),
-        image_size=(width, height),
+        image_size=image_size,
         images=plan_args.images,
         text_tokens=plan_args.text_tokens,
         model_config=plan_args.model_config,
+        advise=True,
     )
     gpus = f"{plan_args.nodes} x {plan_args.gpus}" if plan_args.nodes > 1 else f"{plan_args.gpus}"
     title = f"vlm-grpo plan {plan_args.config}: {gpus} GPU(s) of {gpu_memory / GIB:.0f} GiB"
-    print(describe(planned, gpu_memory, processes, title))
+    print(describe(planned, gpu_memory, processes, title, gpus_per_node=plan_args.gpus))
 
 
 __all__ = ["main"]

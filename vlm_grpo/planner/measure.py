@@ -10,6 +10,7 @@ experts and rotary embeddings are the model's own code.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,28 @@ from torch import nn
 from ..models.base import ModelFamily
 
 _ATTENTION = "vlm_grpo_planner"
+# bytes of the repeated keys and values each attention call saves, while `token_costs` measures
+_ATTENTION_KV: list[int] = []
+
+
+@dataclass(frozen=True)
+class TrainableTensor:
+    """One trained tensor, as optimizers see it.
+
+    Attributes:
+        shape (`tuple[int, ...]`): its shape.
+        embedding (`bool`): the weight of an `nn.Embedding` (transformers gives it 32-bit bitsandbytes states).
+        head (`bool`): the LM head's weight (or the embeddings tied to it).
+    """
+
+    shape: tuple[int, ...]
+    embedding: bool = False
+    head: bool = False
+
+    @property
+    def numel(self) -> int:
+        """Its number of elements."""
+        return math.prod(self.shape)
 
 
 @dataclass
@@ -35,9 +58,11 @@ class ParameterCounts:
         lora (`int`): LoRA adapter parameters (0 without LoRA).
         quantized (`int`): base parameters stored in 4-bit NF4 (QLoRA), 0 otherwise.
         quant_blocks (`int`): NF4 blocks of 64 weights (each has a quantization constant).
+        quant_rows (`int`): output rows of the quantized linear layers (LLM.int8 keeps a float32 scale per row).
         largest_module (`int`): parameters of the largest leaf module (what ZeRO-3 gathers at once, at least).
         lm_head_trainable (`bool`): the LM head (or the embeddings tied to it) trains.
         vision_trainable (`bool`): the vision tower trains.
+        tensors (`tuple[TrainableTensor, ...]`): the trained tensors (LoRA: each adapter's A and B).
     """
 
     vision: int
@@ -49,9 +74,16 @@ class ParameterCounts:
     lora: int = 0
     quantized: int = 0
     quant_blocks: int = 0
+    quant_rows: int = 0
     largest_module: int = 0
     lm_head_trainable: bool = False
     vision_trainable: bool = False
+    tensors: tuple[TrainableTensor, ...] = ()
+
+    @property
+    def head(self) -> int:
+        """Elements of the LM head's weight (the embeddings when tied)."""
+        return self.embeddings if self.tied else self.lm_head
 
     @property
     def total(self) -> int:
@@ -77,6 +109,7 @@ def count_parameters(
     lora_r: int | None = None,
     lora_targets: list[str] | None = None,
     quantize_4bit: bool = False,
+    quantize_8bit: bool = False,
 ) -> ParameterCounts:
     """Count `model`'s parameters by part and what the recipe trains.
 
@@ -88,6 +121,7 @@ def count_parameters(
         lora_targets (`list[str] | None`, defaults to None): the resolved LoRA target module names.
         quantize_4bit (`bool`, defaults to False): QLoRA: linear layers other than the LM head are NF4 (as
             transformers' bitsandbytes integration converts them; the vision tower too).
+        quantize_8bit (`bool`, defaults to False): `load_in_8bit`: the same layers are LLM.int8.
     """
     output = model.get_output_embeddings()
     inputs = model.get_input_embeddings()
@@ -107,21 +141,31 @@ def count_parameters(
         for m in model.modules()
         if list(m.parameters(False))
     )
-    if quantize_4bit:
+    if quantize_4bit or quantize_8bit:
         linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not output]
         counts.quantized = sum(m.weight.numel() for m in linears)
         counts.quant_blocks = sum(-(-m.weight.numel() // 64) for m in linears)
+        counts.quant_rows = sum(m.out_features for m in linears)
     if lora_r is None:
+        embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
         trained = [
-            (n, p) for n, p in model.named_parameters() if not (freeze_vision and family.is_vision_module(n))
+            p for n, p in model.named_parameters() if not (freeze_vision and family.is_vision_module(n))
         ]
-        counts.trainable = sum(p.numel() for _, p in trained)
+        counts.trainable = sum(p.numel() for p in trained)
+        counts.tensors = tuple(
+            TrainableTensor(tuple(p.shape), id(p) in embeddings, p is output.weight) for p in trained
+        )
         counts.lm_head_trainable = True
         counts.vision_trainable = not freeze_vision and counts.vision > 0
         return counts
     modules = dict(model.named_modules())
-    counts.lora = sum(lora_r * (modules[n].in_features + modules[n].out_features) for n in lora_targets or [])
-    counts.trainable = counts.lora
+    shapes = [(m.in_features, m.out_features) for m in (modules[n] for n in lora_targets or [])]
+    counts.tensors = tuple(
+        TrainableTensor(shape)
+        for fan_in, fan_out in shapes
+        for shape in ((lora_r, fan_in), (fan_out, lora_r))
+    )  # lora_A [r, in], lora_B [out, r]
+    counts.lora = counts.trainable = sum(t.numel for t in counts.tensors)
     return counts
 
 
@@ -134,6 +178,8 @@ class TokenCosts:
         layer_input (`int`): one decoder layer's input per token (what gradient checkpointing keeps per layer).
         layers (`int`): decoder layers.
         cache (`int`): the generation KV cache per token, all layers.
+        attention_kv (`int`): of `saved`, the keys and values attention saves repeated to every query head (a
+            completion row that attends over a shared prompt's cache saves these for the prompt's tokens too).
         hidden_size (`int`): the language model's hidden size.
         vocab_size (`int`): its vocabulary.
     """
@@ -144,6 +190,7 @@ class TokenCosts:
     cache: int
     hidden_size: int
     vocab_size: int
+    attention_kv: int = 0
 
 
 def token_costs(model: nn.Module, dtype: torch.dtype, tokens: int = 64) -> TokenCosts:
@@ -152,8 +199,10 @@ def token_costs(model: nn.Module, dtype: torch.dtype, tokens: int = 64) -> Token
     decoder = model.get_decoder()
     hidden = torch.empty(1, tokens, text.hidden_size, device="meta", dtype=dtype, requires_grad=True)
     saved = _SavedBytes()
+    _ATTENTION_KV.clear()
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, _unpack):
         decoder(inputs_embeds=hidden, use_cache=False)
+    attention_kv = sum(_ATTENTION_KV)
     with torch.no_grad():
         cache = decoder(inputs_embeds=hidden.detach(), use_cache=True)[
             1
@@ -166,6 +215,7 @@ def token_costs(model: nn.Module, dtype: torch.dtype, tokens: int = 64) -> Token
         cache=_cache_bytes(cache) // tokens,
         hidden_size=text.hidden_size,
         vocab_size=text.vocab_size,
+        attention_kv=attention_kv // tokens,
     )
 
 
@@ -220,5 +270,6 @@ def _attention_as_fused_kernels_save(module, query, key, value, attention_mask, 
     groups = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
+    _ATTENTION_KV.append(2 * key.numel() * key.element_size())
     out = _FusedAttention.apply(query, key, value)  # [B, H, L, D]
     return out.transpose(1, 2).contiguous(), None

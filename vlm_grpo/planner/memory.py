@@ -1,279 +1,175 @@
 """Per-GPU memory of a GRPO recipe, term by term, from parameter counts and measured per-token costs.
 
-Accounting (bytes per parameter `b` of the weight dtype; `N` processes; stage = DeepSpeed ZeRO stage, 0 without):
+Held for the whole run (bytes per parameter `b` of the weight dtype; `N` processes):
 - weights: every base parameter in its dtype (QLoRA: NF4 linear layers at half a byte plus one float32 constant per
-  block of 64, or 1 byte per block and a float32 per 256 blocks with double quantization); ZeRO-3 divides by N;
-  LoRA adapters in float32 (PEFT upcasts them), in the weight dtype under ZeRO-3 (as TRL sets it);
-- gradients: one per trainable parameter in its dtype (ZeRO-2/3 divide by N);
-- optimizer: AdamW keeps two states per trainable parameter in its dtype (8-bit AdamW one byte each); under
-  DeepSpeed, float32 master weights and float32 states (12 bytes) divided by N from stage 1, on the host with
-  `offload_optimizer`;
+  block of 64, or 1 byte per block and a float32 per 256 blocks with double quantization; `load_in_8bit`: one byte
+  and a float32 scale per output row); `cast_lm_head_to_fp32` keeps the LM head (or the embeddings tied to it) in
+  float32; ZeRO-3 divides by N, and `offload_param` puts them on the host;
+- LoRA adapters, in `Recipe.adapter_bytes` (float32 by PEFT, bfloat16 on a quantized model as TRL casts them, the
+  weight dtype under DeepSpeed);
 - reference model: a second copy of the base weights when `beta != 0` without PEFT (ZeRO-3 divides by N);
-- activations of one training micro-batch: the saved bytes per token measured on the meta device (`measure.py`)
-  times the tokens the pass holds (with a shared prompt, each group's prompt once); with gradient checkpointing,
-  each layer's input plus one layer's saved activations (recomputed in backward); plus TRL's chunked LM-head
-  log-probs (a [min(N, 4096), 32768] tile, float32 gradients of the hidden states and, when the head trains, of
-  its weight);
-- generation: the KV cache of the rows generated at once (transformers), or vLLM's share of the GPU
-  (`vllm_gpu_memory_utilization`) in colocate mode.
-Weights, reference and optimizer are held throughout; the training pass (activations and gradients) and generation
-never overlap, so the peak is the larger of the two on top of what is held.
+- optimizer states: as `optimizers.py` counts them, or under DeepSpeed what `deepspeed.py` counts;
+- vLLM in colocate mode without sleep mode: its `vllm_gpu_memory_utilization` share of the GPU, beside training.
+Then the phases, which never overlap; the peak is what is held plus the largest:
+- generation: vLLM's share when sleep mode woke it (`llm.sleep(level=2)` between generations releases its weights
+  and KV cache, keeping neither on the GPU nor on the host); or transformers' KV cache of the rows generated at
+  once with the prefill or the sampling logits, plus under ZeRO-3 every weight when `ds3_gather_for_generation`
+  (`deepspeed.zero.GatheredParameters(model.parameters())` around `generate`), or with vLLM and PEFT (TRL gathers
+  the whole model to merge the adapters for the weight sync);
+- scoring: the old/reference log-prob pass, when it runs (`activations.py`);
+- training: the gradients and the activations of one micro-batch (`activations.py`); without DeepSpeed and
+  gradient accumulation, backward frees each layer's kept activations while it allocates that layer's gradients,
+  so the two overlap by the smaller of them;
+- optimizer step: the gradients still held and what the step adds (AdamW foreach's temporaries, DeepSpeed's
+  float32 gradient conversion).
+Which passes share each group's prompt is the trainer's own decision (`sharing.py`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-
+from .activations import generation_terms, scoring_terms, training_terms
+from .deepspeed import zero_gradients, zero_held, zero_step
 from .measure import ParameterCounts, TokenCosts
+from .optimizers import counted, describe_states, foreach_temporaries, state_bytes
+from .plan import GIB, Plan, Recipe, Term
+from .sharing import PassSharing, plan_sharing
 
-GIB = 2**30
-LM_HEAD_TILE = (4096, 32768)  # TRL's chunked log-prob tile: tokens x vocabulary columns
-ADAM_LIKE = ("adamw", "adam_", "adam", "lamb", "lion")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """The settings that decide memory, read from a training config.
-
-    Attributes:
-        weight_bytes (`int`): bytes per weight (2 for bf16/fp16, 4 for fp32).
-        lora_r (`int | None`): LoRA rank, None for full fine-tuning.
-        load_in_4bit (`bool`): QLoRA (NF4 base weights).
-        double_quant (`bool`): `use_bnb_nested_quant`.
-        beta (`float`): KL coefficient (a reference model when non-zero without PEFT).
-        rows (`int`): `per_device_train_batch_size`, completions per micro-batch.
-        generation_rows (`int`): completions generated at once per process.
-        num_generations (`int`): G.
-        prompt_tokens (`int`): tokens of one prompt, images included.
-        completion_tokens (`int`): `max_completion_length`.
-        gradient_checkpointing (`bool`): recompute layers in backward.
-        share_prompt (`bool`): the training pass holds each group's prompt once.
-        optim (`str`): the `optim` option.
-        processes (`int`): GPUs in all (nodes x GPUs per node).
-        zero_stage (`int`): DeepSpeed ZeRO stage, 0 without DeepSpeed.
-        offload_optimizer (`bool`): ZeRO optimizer states on the host.
-        offload_params (`bool`): ZeRO-3 parameters on the host.
-        vllm_colocate_fraction (`float`): `vllm_gpu_memory_utilization` with `use_vllm` colocate, else 0.
-        vllm_server (`bool`): generation by a vLLM server on other GPUs.
-        scores_every_position (`bool`): TRL's LM head scores every position it is given (devices without
-            Triton), not only the completion tokens.
-    """
-
-    weight_bytes: int = 2
-    lora_r: int | None = None
-    load_in_4bit: bool = False
-    double_quant: bool = False
-    beta: float = 0.0
-    rows: int = 8
-    generation_rows: int = 8
-    num_generations: int = 8
-    prompt_tokens: int = 300
-    completion_tokens: int = 512
-    gradient_checkpointing: bool = True
-    share_prompt: bool = True
-    optim: str = "adamw_torch"
-    processes: int = 1
-    zero_stage: int = 0
-    offload_optimizer: bool = False
-    offload_params: bool = False
-    vllm_colocate_fraction: float = 0.0
-    vllm_server: bool = False
-    scores_every_position: bool = False
-
-
-@dataclass
-class Term:
-    """One line of the plan: bytes on each GPU and on the host (per process), and how it was counted."""
-
-    name: str
-    gpu: int
-    host: int = 0
-    note: str = ""
-
-
-@dataclass
-class Plan:
-    """The memory plan of a recipe on one GPU.
-
-    Attributes:
-        held (`list[Term]`): weights, reference, optimizer: held for the whole run.
-        training (`list[Term]`): gradients and activations of one micro-batch.
-        generation (`list[Term]`): the KV cache or vLLM's share.
-        unpredicted (`list[str]`): what the total leaves out, and why.
-    """
-
-    held: list[Term]
-    training: list[Term]
-    generation: list[Term]
-    unpredicted: list[str] = field(default_factory=list)
-
-    @property
-    def peak(self) -> int:
-        """Bytes per GPU at the peak: what is held plus the larger of the training pass and generation."""
-        held = sum(t.gpu for t in self.held)
-        return held + max(sum(t.gpu for t in self.training), sum(t.gpu for t in self.generation))
-
-    @property
-    def host(self) -> int:
-        """Host RAM per process for offloaded states."""
-        return sum(t.host for t in self.held + self.training + self.generation)
+__all__ = ["GIB", "Plan", "Recipe", "Term", "plan_memory"]
 
 
 def plan_memory(recipe: Recipe, params: ParameterCounts, costs: TokenCosts, gpu_memory: int) -> Plan:
     """The `Plan` of `recipe` for a model with `params` and `costs` on GPUs of `gpu_memory` bytes."""
+    sharing = plan_sharing(recipe)
+    held = weight_terms(recipe, params)
+    if recipe.vllm_colocate_fraction and not recipe.vllm_sleep:
+        share = int(recipe.vllm_colocate_fraction * gpu_memory)
+        note = f"vllm_gpu_memory_utilization {recipe.vllm_colocate_fraction}, held beside training (no sleep mode)"
+        held.append(Term("vLLM (colocate)", share, note=note))
+    if recipe.zero_stage:
+        held += zero_held(recipe, params)
+        gradients = zero_gradients(recipe, params)
+        step = zero_step(recipe, params, gradients)
+    else:
+        optimizer = _optimizer(recipe, params)
+        held.append(optimizer)
+        gradients = [_gradients(recipe, params)]
+        step = list(gradients)
+        temporaries = foreach_temporaries(recipe.optim, optimizer.gpu)
+        if temporaries:
+            step.append(
+                Term("AdamW foreach temporaries", temporaries, note="torch._foreach_sqrt(exp_avg_sqs)")
+            )
+    activations = training_terms(recipe, params, costs, sharing.training)
+    training = [*gradients, *activations]
+    if not recipe.zero_stage and recipe.accumulation_steps == 1:  # no gradient is held when a forward starts
+        freed = min(gradients[0].gpu, activations[0].gpu)
+        note = "backward frees each layer's kept activations as its gradients are allocated"
+        training.append(Term("freed while gradients fill", -freed, note=note))
+    scoring = scoring_terms(recipe, params, costs, sharing.scoring) if recipe.scoring_pass else []
+    generation = _generation(recipe, params, costs, gpu_memory, sharing)
+    return Plan(held, training, generation, scoring, step, sharing, _unpredicted(recipe, params))
+
+
+def _base_bytes(recipe: Recipe, params: ParameterCounts) -> tuple[int, str]:
+    """Bytes of one copy of the base weights, and how they were counted."""
+    rest = params.total - params.quantized
+    head = params.head * (recipe.head_bytes - recipe.weight_bytes)
+    fp32_head = ", LM head in float32" if head else ""
+    if recipe.load_in_4bit:
+        blocks = params.quant_blocks
+        constants = blocks * 4 if not recipe.double_quant else blocks + blocks // 64
+        size = params.quantized // 2 + constants + rest * recipe.weight_bytes + head
+        return size, f"NF4 for {params.quantized / 1e9:.2f}B linear weights, bf16 for the rest" + fp32_head
+    if recipe.load_in_8bit:
+        size = params.quantized + 4 * params.quant_rows + rest * recipe.weight_bytes + head
+        return size, f"int8 for {params.quantized / 1e9:.2f}B linear weights, bf16 for the rest" + fp32_head
+    size = params.total * recipe.weight_bytes + head
+    return size, f"{params.total / 1e9:.2f}B parameters x {recipe.weight_bytes} bytes" + fp32_head
+
+
+def weight_terms(recipe: Recipe, params: ParameterCounts) -> list[Term]:
+    """Weights, LoRA adapters and the reference model, as held on each GPU (on the host with `offload_param`)."""
     shard = recipe.processes if recipe.zero_stage == 3 else 1
-    held = [_weights(recipe, params, shard)]
-    if recipe.beta != 0.0 and recipe.lora_r is None:
-        held.append(
-            Term("reference model", params.total * recipe.weight_bytes // shard, note="beta != 0, no PEFT")
+    split = f", / {shard} (ZeRO-3)" if shard > 1 else ""
+    base, note = _base_bytes(recipe, params)
+    terms = [Term("weights", base // shard, note=note + split, state=True)]
+    if params.lora:
+        note = f"{params.lora / 1e6:.1f}M x {recipe.adapter_bytes} bytes" + split
+        terms.append(
+            Term("LoRA adapters", params.lora * recipe.adapter_bytes // shard, note=note, state=True)
         )
-    if recipe.zero_stage == 3 and recipe.offload_params:  # ZeRO-3 offload_param: the shards live on the host
-        held = [Term(t.name, 0, host=t.gpu, note=t.note + ", on the host") for t in held]
-    held.append(_optimizer(recipe, params))
-    if recipe.zero_stage == 3:
-        gathered = 2 * params.largest_module * recipe.weight_bytes
-        held.append(Term("ZeRO-3 gathered parameters", gathered, note="largest module and its prefetch"))
-    training = [_gradients(recipe, params), *_activations(recipe, params, costs)]
-    generation = _generation(recipe, costs, gpu_memory)
-    unpredicted = ["the CUDA context and allocator cache (outside PyTorch's counted memory, about 0.3-1 GiB)"]
+    if recipe.beta != 0.0 and recipe.lora_r is None:
+        size = params.total * recipe.weight_bytes + params.head * (recipe.head_bytes - recipe.weight_bytes)
+        terms.append(Term("reference model", size // shard, note="beta != 0, no PEFT" + split))
+    if recipe.zero_stage == 3 and recipe.offload_params:
+        terms = [Term(t.name, 0, host=t.gpu, note=t.note + ", on the host", state=t.state) for t in terms]
+    return terms
+
+
+def _element_bytes(recipe: Recipe, params: ParameterCounts) -> list[int]:
+    """Bytes per element of each trained tensor (without DeepSpeed)."""
+    if recipe.lora_r is not None:
+        return [recipe.adapter_bytes] * len(params.tensors)
+    return [recipe.head_bytes if t.head else recipe.weight_bytes for t in params.tensors]
+
+
+def _gradients(recipe: Recipe, params: ParameterCounts) -> Term:
+    size = sum(t.numel * b for t, b in zip(params.tensors, _element_bytes(recipe, params), strict=True))
+    return Term(
+        "gradients", size, note=f"{params.trainable / 1e6:.1f}M trainable, in their dtype", state=True
+    )
+
+
+def _optimizer(recipe: Recipe, params: ParameterCounts) -> Term:
+    size = state_bytes(recipe.optim, recipe.optim_args, params.tensors, _element_bytes(recipe, params))
+    return Term("optimizer states", size, note=describe_states(recipe.optim, recipe.optim_args), state=True)
+
+
+def _generation(
+    recipe: Recipe, params: ParameterCounts, costs: TokenCosts, gpu_memory: int, sharing: PassSharing
+) -> list[Term]:
+    vllm = recipe.vllm_colocate_fraction > 0 or recipe.vllm_server
+    terms = []
+    if recipe.zero_stage == 3 and (recipe.lora_r is not None if vllm else recipe.ds3_gather_for_generation):
+        whole = _base_bytes(recipe, params)[0] + params.lora * recipe.adapter_bytes
+        if vllm:  # TRL's `VLLMGeneration._iter_named_params`: merging adapters needs the whole model
+            note = "PEFT under ZeRO-3: TRL gathers every weight to merge the adapters for vLLM's weight sync"
+        else:
+            note = "ds3_gather_for_generation: every weight on every GPU while it generates"
+        terms.append(Term("ZeRO-3 gathered policy", whole, note=note))
+    if recipe.vllm_colocate_fraction:
+        share = int(recipe.vllm_colocate_fraction * gpu_memory)
+        if not recipe.vllm_sleep:
+            return [*terms, Term("vLLM (colocate)", 0, note="its share is held (above)")]
+        note = f"vllm_gpu_memory_utilization {recipe.vllm_colocate_fraction}, woken from sleep(level=2)"
+        return [*terms, Term("vLLM (colocate)", share, note=note)]
+    if recipe.vllm_server:
+        return [*terms, Term("generation", 0, note="on the vLLM server's GPUs")]
+    return [*terms, *generation_terms(recipe, costs, sharing.generation)]
+
+
+def _unpredicted(recipe: Recipe, params: ParameterCounts) -> list[str]:
+    unpredicted = [
+        "the CUDA context and allocator cache (outside PyTorch's counted memory, about 0.3-1 GiB)",
+        "the vision tower's own forward (once per distinct image, without gradient when frozen)",
+    ]
     if params.vision_trainable:
         unpredicted.append(
             "the vision tower's activations (it trains; freeze_vision_modules: true removes them)"
         )
     if recipe.zero_stage:
-        unpredicted.append("DeepSpeed's communication buckets (reduce_bucket_size, prefetch)")
-    if not any(recipe.optim.startswith(p) for p in ADAM_LIKE) and recipe.optim not in ("sgd", "adafactor"):
-        unpredicted.append(f"optimizer {recipe.optim!r}: counted as AdamW")
-    return Plan(held, training, generation, unpredicted)
-
-
-def _weights(recipe: Recipe, params: ParameterCounts, shard: int) -> Term:
-    if recipe.load_in_4bit:
-        constants = (
-            params.quant_blocks * 4
-            if not recipe.double_quant
-            else params.quant_blocks + params.quant_blocks // 64
+        unpredicted.append(
+            "DeepSpeed's communication buckets (reduce_bucket_size, prefetch) and a module's whole gradients "
+            "before they are reduced"
         )
-        base = params.quantized // 2 + constants + (params.total - params.quantized) * recipe.weight_bytes
-        note = f"NF4 for {params.quantized / 1e9:.2f}B linear weights, bf16 for the rest"
-    else:
-        base = params.total * recipe.weight_bytes
-        note = f"{params.total / 1e9:.2f}B parameters x {recipe.weight_bytes} bytes"
-    adapter_bytes = recipe.weight_bytes if recipe.zero_stage == 3 and not recipe.load_in_4bit else 4
-    adapters = params.lora * adapter_bytes
-    if shard > 1:
-        note += f", / {shard} (ZeRO-3)"
-    return Term(
-        "weights",
-        (base + adapters) // shard,
-        note=note + (f", LoRA {params.lora / 1e6:.1f}M" if adapters else ""),
-    )
-
-
-def _trainable_bytes(recipe: Recipe) -> int:
-    """Bytes of one trainable parameter: LoRA adapters are float32 (bf16 under ZeRO-3), full weights their dtype."""
-    if recipe.lora_r is not None and not (recipe.zero_stage == 3 and not recipe.load_in_4bit):
-        return 4
-    return recipe.weight_bytes
-
-
-def _gradients(recipe: Recipe, params: ParameterCounts) -> Term:
-    shard = recipe.processes if recipe.zero_stage >= 2 else 1
-    size = params.trainable * _trainable_bytes(recipe) // shard
-    return Term(
-        "gradients",
-        size,
-        note=f"{params.trainable / 1e6:.1f}M trainable" + (f", / {shard}" if shard > 1 else ""),
-    )
-
-
-def _optimizer(recipe: Recipe, params: ParameterCounts) -> Term:
-    if recipe.zero_stage:
-        size = params.trainable * 12 // recipe.processes
-        note = f"fp32 master + 2 Adam states, / {recipe.processes} (ZeRO-{recipe.zero_stage})"
-        if recipe.offload_optimizer:
-            return Term("optimizer states", 0, host=size, note=note + ", on the host")
-        return Term("optimizer states", size, note=note)
-    if "8bit" in recipe.optim:
-        return Term("optimizer states", params.trainable * 2, note="2 states x 1 byte (8-bit)")
-    if recipe.optim == "sgd":
-        return Term("optimizer states", 0, note="SGD without momentum keeps none")
-    states = params.trainable * 2 * _trainable_bytes(recipe)
-    return Term("optimizer states", states, note=f"2 AdamW states x {_trainable_bytes(recipe)} bytes")
-
-
-def _activations(recipe: Recipe, params: ParameterCounts, costs: TokenCosts) -> list[Term]:
-    groups = max(1, recipe.rows // recipe.num_generations)
-    prompt_rows = groups if recipe.share_prompt else recipe.rows
-    tokens = prompt_rows * recipe.prompt_tokens + recipe.rows * recipe.completion_tokens
-    if recipe.gradient_checkpointing:
-        per_token = costs.layer_input * costs.layers + costs.saved // costs.layers
-        how = "layer inputs + one layer recomputed"
-    else:
-        per_token, how = costs.saved, "every layer's saved tensors"
-    shared = (
-        f"{prompt_rows} prompt x {recipe.prompt_tokens} + {recipe.rows} x {recipe.completion_tokens} tokens"
-    )
-    scored = recipe.rows * recipe.completion_tokens
-    if recipe.scores_every_position and not recipe.share_prompt:
-        scored += recipe.rows * recipe.prompt_tokens
-    tile = min(scored, LM_HEAD_TILE[0]) * LM_HEAD_TILE[1] * recipe.weight_bytes
-    head = scored * costs.hidden_size * (recipe.weight_bytes + 4) + tile
-    if params.lm_head_trainable:
-        head += costs.vocab_size * costs.hidden_size * 4
-    return [
-        Term("activations", tokens * per_token, note=f"{shared}; {how}"),
-        Term("LM-head log-probs", head, note="TRL's chunked log-probs: tile, fp32 gradients"),
-    ]
-
-
-def _generation(recipe: Recipe, costs: TokenCosts, gpu_memory: int) -> list[Term]:
-    if recipe.vllm_colocate_fraction:
-        share = int(recipe.vllm_colocate_fraction * gpu_memory)
-        return [
-            Term(
-                "vLLM (colocate)", share, note=f"vllm_gpu_memory_utilization {recipe.vllm_colocate_fraction}"
-            )
-        ]
-    if recipe.vllm_server:
-        return [Term("generation", 0, note="on the vLLM server's GPUs")]
-    tokens = recipe.generation_rows * (recipe.prompt_tokens + recipe.completion_tokens)
-    logits = recipe.generation_rows * costs.vocab_size * 4 * 2
-    return [
-        Term(
-            "KV cache",
-            tokens * costs.cache,
-            note=f"{recipe.generation_rows} rows x {recipe.prompt_tokens + recipe.completion_tokens} tokens",
-        ),
-        Term("sampling logits", logits, note="last-token logits and probabilities, fp32"),
-    ]
-
-
-def suggestions(
-    recipe: Recipe, params: ParameterCounts, costs: TokenCosts, gpu_memory: int
-) -> list[tuple[str, int]]:
-    """The settings that lower the peak most: `(change, bytes saved)`, largest first, at most three."""
-    base = plan_memory(recipe, params, costs, gpu_memory).peak
-    options: list[tuple[str, Recipe]] = []
-    if not recipe.gradient_checkpointing:
-        options.append(("gradient_checkpointing: true", replace(recipe, gradient_checkpointing=True)))
-    if recipe.rows > recipe.num_generations or recipe.rows > 1:
-        half = max(1, recipe.rows // 2)
-        options.append(
-            (f"per_device_train_batch_size: {half} (and twice the gradient_accumulation_steps)",
-             replace(recipe, rows=half, generation_rows=max(half, recipe.generation_rows // 2)))
-        )  # fmt: skip
-    if recipe.beta != 0.0 and recipe.lora_r is None:
-        options.append(("beta: 0.0 (no reference model)", replace(recipe, beta=0.0)))
-    if recipe.processes > 1 and recipe.zero_stage < 3:
-        options.append(("DeepSpeed ZeRO-3 (local_scripts/zero3.json)", replace(recipe, zero_stage=3)))
-    if recipe.zero_stage and not recipe.offload_optimizer:
-        options.append(("offload_optimizer to the CPU (local_scripts/zero3_offload.json)",
-                        replace(recipe, offload_optimizer=True)))  # fmt: skip
-    if recipe.vllm_colocate_fraction > 0.2:
-        options.append(("vllm_gpu_memory_utilization: 0.2", replace(recipe, vllm_colocate_fraction=0.2)))
-    if recipe.completion_tokens > 256:
-        half = recipe.completion_tokens // 2
-        options.append((f"max_completion_length: {half}", replace(recipe, completion_tokens=half)))
-    saved = [(change, base - plan_memory(r, params, costs, gpu_memory).peak) for change, r in options]
-    return sorted([s for s in saved if s[1] > 0], key=lambda s: -s[1])[:3]
+    if not counted(recipe.optim) and not (recipe.zero_stage and recipe.offload_optimizer):
+        unpredicted.append(f"optimizer {recipe.optim!r}: its states are not counted")
+    if recipe.optim.startswith("paged_"):
+        unpredicted.append("paged optimizer states live in CUDA unified memory (counted on the GPU)")
+    if recipe.cast_lm_head_to_fp32 and recipe.zero_stage == 3:
+        unpredicted.append(
+            "cast_lm_head_to_fp32 under ZeRO-3 (partitioned before TRL casts it): the head in bf16"
+        )
+    if recipe.vllm_colocate_fraction and recipe.vllm_sleep:
+        unpredicted.append("what a sleeping vLLM keeps besides its weights and cache (CUDA graphs, buffers)")
+    return unpredicted

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -10,16 +11,33 @@ from transformers.training_args import OptimizerNames
 
 from ..errors import VLMGRPOError
 from ..models import get_model_family
+from .advice import Advice
+from .advice import advise as advise_changes
 from .architectures import load_model_config
 from .measure import ParameterCounts, TokenCosts, build_on_meta, count_parameters, token_costs
-from .memory import GIB, Plan, Recipe, plan_memory, suggestions
+from .memory import GIB, Plan, Recipe, plan_memory
+from .sharing import SharingInputs, router_aux_loss, sampling_config
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_IMAGE = (448, 448)
 
 
 @dataclass
 class Planned:
-    """A recipe, its plan and what it was computed from."""
+    """A recipe, its plan and what it was computed from.
+
+    Attributes:
+        recipe (`Recipe`): the settings that decide memory.
+        plan (`Plan`): the plan.
+        params (`ParameterCounts`): the model's parameters.
+        costs (`TokenCosts`): its measured per-token costs.
+        source (`str`): where its `config.json` came from.
+        model_type (`str`): its `model_type`.
+        image_tokens (`int | None`): tokens of one image, None when the family cannot say.
+        lora_layers (`int`): linear layers LoRA targets.
+        image_size (`tuple[int, int]`, defaults to 448x448): the images the plan assumes.
+        advice (`list[Advice]`, defaults to none): the changes that lower the peak (when asked for), lowest first.
+    """
 
     recipe: Recipe
     plan: Plan
@@ -29,6 +47,8 @@ class Planned:
     model_type: str
     image_tokens: int | None
     lora_layers: int
+    image_size: tuple[int, int] = DEFAULT_IMAGE
+    advice: list[Advice] = field(default_factory=list)
 
 
 def weight_dtype(model_args: Any, model_config: Any) -> torch.dtype:
@@ -41,17 +61,35 @@ def weight_dtype(model_args: Any, model_config: Any) -> torch.dtype:
     return _DTYPES[name]
 
 
+def default_image_size(training_args: Any) -> tuple[int, int]:
+    """The image the plan assumes: the largest square `max_pixels` lets through when the config sets it, else
+    448x448."""
+    if training_args.max_pixels:
+        side = math.isqrt(training_args.max_pixels)
+        return side, side
+    return DEFAULT_IMAGE
+
+
+def old_log_probs(training_args: Any) -> bool:
+    """Whether the trainer computes old log-probs (`_old_and_reference_logps`): when generation and updates are
+    misaligned, or to correct vLLM's sampling."""
+    every = training_args.steps_per_generation * training_args.num_iterations
+    corrects_vllm = training_args.use_vllm and training_args.vllm_importance_sampling_correction
+    return training_args.gradient_accumulation_steps % every != 0 or corrects_vllm
+
+
 def plan_config(
     training_args: Any,
     model_args: Any,
     gpu_memory: int,
     processes: int = 1,
     deepspeed: tuple[int, bool, bool] = (0, False, False),
-    image_size: tuple[int, int] = (448, 448),
+    image_size: tuple[int, int] | None = None,
     images: int = 1,
     text_tokens: int = 64,
     model_config: str | None = None,
     device: str = "cuda",
+    advise: bool = False,
 ) -> Planned:
     """Plan a parsed training config.
 
@@ -61,12 +99,14 @@ def plan_config(
         gpu_memory (`int`): bytes of one GPU.
         processes (`int`, defaults to 1): GPUs in all.
         deepspeed (`tuple`, defaults to no DeepSpeed): `(zero stage, offload optimizer, offload params)`.
-        image_size (`tuple[int, int]`, defaults to 448x448): width and height of the images.
+        image_size (`tuple[int, int] | None`, defaults to None): width and height of the images; None: the square
+            of `max_pixels` when the config sets it, else 448x448.
         images (`int`, defaults to 1): images per prompt.
         text_tokens (`int`, defaults to 64): text tokens of a prompt (chat template included).
         model_config (`str | None`, defaults to None): a `config.json` for a model that is not local.
         device (`str`, defaults to `"cuda"`): where it trains; TRL's LM head scores only completion tokens on CUDA
             (Triton) and every position elsewhere.
+        advise (`bool`, defaults to False): also plan the changes that would lower the peak (`Planned.advice`).
     """
     config, processor, source = load_model_config(model_args.model_name_or_path, model_config)
     family = get_model_family(config)
@@ -86,8 +126,9 @@ def plan_config(
         lora_r=model_args.lora_r if model_args.use_peft else None,
         lora_targets=lora_targets,
         quantize_4bit=model_args.load_in_4bit,
+        quantize_8bit=model_args.load_in_8bit,
     )
-    stage, offload_optimizer, offload_params = deepspeed
+    recipe = _recipe(training_args, model_args, config, family, params, dtype, processes, deepspeed, device)
     if (
         model_args.use_peft
     ):  # LoRA layers save their own inputs (dropout) and casts: measure with them in place
@@ -97,45 +138,85 @@ def plan_config(
         from ..adapters import resolve_lora_config
 
         lora = resolve_lora_config(get_peft_config(model_args), model, family)
-        adapters_in_weight_dtype = stage == 3 and not model_args.load_in_4bit  # as TRL sets it under ZeRO-3
-        model = get_peft_model(
-            model, lora, autocast_adapter_dtype=not adapters_in_weight_dtype
-        ).base_model.model
+        model = get_peft_model(model, lora, autocast_adapter_dtype=recipe.adapter_bytes == 4).base_model.model
     costs = token_costs(model, dtype)
     min_pixels = training_args.min_pixels or processor.get("min_pixels")
     max_pixels = training_args.max_pixels or processor.get("max_pixels")
     max_tiles = training_args.max_tiles or processor.get("max_tiles")
-    per_image = family.image_tokens(config, *image_size, min_pixels, max_pixels, max_tiles)
-    recipe = Recipe(
+    size = image_size or default_image_size(training_args)
+    per_image = family.image_tokens(config, *size, min_pixels, max_pixels, max_tiles)
+    recipe = replace(recipe, prompt_tokens=text_tokens + images * (per_image or 0))
+    plan = plan_memory(recipe, params, costs, gpu_memory)
+    if model_args.attn_implementation == "eager":
+        eager = "attn_implementation eager keeps each layer's attention matrix (heads x tokens^2)"
+        plan.unpredicted.append(eager + ": counted as a fused kernel")
+    if per_image is None:
+        plan.unpredicted.append(
+            f"image tokens: {config.model_type} sizes images by its processor; not counted"
+        )
+    planned = Planned(
+        recipe, plan, params, costs, source, config.model_type, per_image, len(lora_targets or []), size
+    )
+    if advise:
+        options = dict(image_size=size, images=images, text_tokens=text_tokens, model_config=model_config)
+        planned.advice = advise_changes(
+            planned, training_args, model_args, gpu_memory, dict(options, device=device)
+        )
+    return planned
+
+
+def _recipe(
+    training_args: Any,
+    model_args: Any,
+    config: Any,
+    family: Any,
+    params: ParameterCounts,
+    dtype: torch.dtype,
+    processes: int,
+    deepspeed: tuple[int, bool, bool],
+    device: str,
+) -> Recipe:
+    """The `Recipe` of the options (the prompt's tokens are set once the image size is known)."""
+    stage, offload_optimizer, offload_params = deepspeed
+    colocate = training_args.use_vllm and training_args.vllm_mode == "colocate"
+    checkpointing = training_args.gradient_checkpointing_kwargs or {}
+    sharing = SharingInputs(
+        mode=training_args.share_prompt_prefix,
+        model_type=config.model_type,
+        indexable_cache=family.indexable_cache,
+        generation_config=sampling_config(training_args),
+        vision_trains=params.vision_trainable,
+        use_reentrant=bool(checkpointing.get("use_reentrant", False)),
+        aux_loss=router_aux_loss(config.get_text_config(), training_args.router_aux_loss_coef),
+    )
+    return Recipe(
         weight_bytes=torch.tensor([], dtype=dtype).element_size(),
         lora_r=model_args.lora_r if model_args.use_peft else None,
         load_in_4bit=model_args.load_in_4bit,
+        load_in_8bit=model_args.load_in_8bit,
         double_quant=model_args.use_bnb_nested_quant,
         beta=training_args.beta,
         rows=training_args.per_device_train_batch_size,
         generation_rows=training_args.per_device_train_batch_size * training_args.steps_per_generation,
         num_generations=training_args.num_generations,
-        prompt_tokens=text_tokens + images * (per_image or 0),
         completion_tokens=training_args.max_completion_length,
         gradient_checkpointing=training_args.gradient_checkpointing,
-        share_prompt=training_args.share_prompt_prefix != "false" and family.indexable_cache,
         optim=OptimizerNames(training_args.optim).value,
+        optim_args=training_args.optim_args,
+        accumulation_steps=training_args.gradient_accumulation_steps,
+        old_log_probs=old_log_probs(training_args),
+        cast_lm_head_to_fp32=training_args.cast_lm_head_to_fp32,
         processes=processes,
         zero_stage=stage,
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
-        vllm_colocate_fraction=training_args.vllm_gpu_memory_utilization
-        if training_args.use_vllm and training_args.vllm_mode == "colocate"
-        else 0.0,
+        ds3_gather_for_generation=training_args.ds3_gather_for_generation,
+        vllm_colocate_fraction=training_args.vllm_gpu_memory_utilization if colocate else 0.0,
+        vllm_sleep=colocate and training_args.vllm_enable_sleep_mode,
         vllm_server=training_args.use_vllm and training_args.vllm_mode == "server",
         scores_every_position=device != "cuda",
+        sharing=sharing,
     )
-    plan = plan_memory(recipe, params, costs, gpu_memory)
-    if per_image is None:
-        plan.unpredicted.append(
-            f"image tokens: {config.model_type} sizes images by its processor; not counted"
-        )
-    return Planned(recipe, plan, params, costs, source, config.model_type, per_image, len(lora_targets or []))
 
 
 def verdict(plan: Plan, gpu_memory: int) -> str:
@@ -150,8 +231,17 @@ def _gib(size: int) -> str:
     return f"{size / GIB:6.2f} GiB"
 
 
-def describe(planned: Planned, gpu_memory: int, processes: int, title: str) -> str:
-    """The printed plan: parameters, the per-GPU terms, host RAM, verdict and the settings that matter most."""
+def describe(planned: Planned, gpu_memory: int, processes: int, title: str, gpus_per_node: int = 1) -> str:
+    """The printed plan: parameters, which passes share, the per-GPU terms by phase, host RAM, the verdict and the
+    changes that lower the peak.
+
+    Args:
+        planned (`Planned`): what `plan_config` returned.
+        gpu_memory (`int`): bytes of one GPU.
+        processes (`int`): GPUs in all.
+        title (`str`): the first line.
+        gpus_per_node (`int`, defaults to 1): GPUs per node, for the host RAM of a node.
+    """
     p, r, plan = planned.params, planned.recipe, planned.plan
     head = f"LM head {p.lm_head / 1e9:.2f}B" if not p.tied else "LM head tied to the embeddings"
     trainable = (
@@ -159,6 +249,7 @@ def describe(planned: Planned, gpu_memory: int, processes: int, title: str) -> s
         if r.lora_r is not None
         else ("language model (vision frozen)" if p.trainable < p.total else "every parameter")
     )
+    width, height = planned.image_size
     images = "no image tokens known" if planned.image_tokens is None else f"{planned.image_tokens} per image"
     lines = [
         title,
@@ -167,23 +258,29 @@ def describe(planned: Planned, gpu_memory: int, processes: int, title: str) -> s
         f"embeddings {p.embeddings / 1e9:.3f}B; {head}",
         f"trainable   {p.trainable / 1e6:.1f}M ({trainable})",
         f"batch       {r.rows} completions per micro-batch, G={r.num_generations}, {r.generation_rows} generated at "
-        f"once; prompt {r.prompt_tokens} tokens ({images}), completion {r.completion_tokens}",
+        f"once; prompt {r.prompt_tokens} tokens ({images} of {width}x{height}), completion {r.completion_tokens}",
+        "sharing     " + "\n            ".join(plan.sharing.lines()),
         f"per GPU ({processes} process{'es' if processes > 1 else ''})",
+        "  held",
+        *[f"    {t.name:<30}{_gib(t.gpu)}   {t.note}" for t in plan.held],
     ]
-    sections = (("held", plan.held), ("training pass", plan.training), ("generation", plan.generation))
-    for name, terms in sections:
-        lines.append(f"  {name}")
-        lines += [f"    {t.name:<26}{_gib(t.gpu)}   {t.note}" for t in terms]
-    lines.append(f"  {'peak':<28}{_gib(plan.peak)}   held + the larger of the training pass and generation")
+    for name, terms in plan.phases.items():
+        if terms:
+            lines.append(f"  {name}")
+            lines += [f"    {t.name:<30}{_gib(t.gpu)}   {t.note}" for t in terms]
+    lines.append(f"  {'peak':<32}{_gib(plan.peak)}   held + the largest phase")
     if plan.host:
-        lines.append(f"host RAM    {_gib(plan.host).strip()} per process (offloaded states)")
+        per_node = f" ({_gib(plan.host * gpus_per_node).strip()} per node)" if gpus_per_node > 1 else ""
+        lines.append(f"host RAM    {_gib(plan.host).strip()} per process{per_node} (offloaded states)")
     lines.append(f"not counted {'; '.join(plan.unpredicted)}")
     lines.append(f"verdict     {verdict(plan, gpu_memory)}")
-    best = suggestions(r, p, planned.costs, gpu_memory)
-    if best:
-        lines.append("would lower the peak most:")
-        lines += [f"  {change:<66} -{saving / GIB:.1f} GiB" for change, saving in best]
+    if planned.advice:
+        lines.append("would lower the peak (planned peak per GPU with each change alone):")
+        lines += [
+            f"  {a.change:<72} {a.peak / GIB:6.1f} GiB  {'fits' if a.peak <= gpu_memory else 'does not fit'}"
+            for a in planned.advice
+        ]
     return "\n".join(lines)
 
 
-__all__ = ["Planned", "describe", "plan_config", "verdict", "weight_dtype"]
+__all__ = ["Planned", "default_image_size", "describe", "plan_config", "verdict", "weight_dtype"]
