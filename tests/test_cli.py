@@ -1,4 +1,5 @@
-"""The command line end to end: `vlm-grpo train` for 2 steps, `vlm-grpo eval` on the result, and the demo."""
+"""The command line end to end: `vlm-grpo train` for 2 steps, `vlm-grpo eval` on the result, and the demo; every
+command's `--help` and input errors answered before torch, transformers, TRL or datasets is imported."""
 
 from __future__ import annotations
 
@@ -127,6 +128,78 @@ def test_train_help_shows_config_and_our_options_first(flag, capsys):
     positions = [out.index(flag + " ") for flag in ours]
     assert positions == sorted(positions) and positions[-1] < out.index("--output_dir ")
     assert out.index("--log_samples_steps ") < out.index("--num_generations ")
+
+
+def test_options_read_from_the_source_equal_the_parser():
+    """`train --help` and the key and flag checks read the options from the source files (`train_options`): the same
+    names, flags, help, own options and (where the source gives a literal) defaults as the real parser."""
+    from vlm_grpo.train_options import read_options
+    from vlm_grpo.train import build_parser, parser_options
+
+    read, live = read_options(), parser_options(build_parser())
+    assert read is not None
+    assert {k: read[k] for k in ("names", "flags", "help", "own")} == {
+        k: live[k] for k in ("names", "flags", "help", "own")
+    }
+    assert read["defaults"] == {name: live["defaults"][name] for name in read["defaults"]}
+    assert len(read["defaults"]) > 0.9 * len(read["names"])
+
+
+HEAVY = ("torch", "transformers", "trl", "datasets", "peft", "accelerate", "matplotlib")
+CHEAP_PATHS = {
+    "train --help": ["train", "--help"],
+    "train --help-all": ["train", "--help-all"],
+    "train: missing config": ["train", "nope.yaml"],
+    "train: unknown key": ["train", "{bad_yaml}"],
+    "train: missing data config": ["train", "{no_data_yaml}"],
+    "eval --help": ["eval", "--help"],
+    "eval: missing data": ["eval", "--model", "runs/nope", "--data", "nope.yaml"],
+    "eval: missing model": ["eval", "--model", "nope", "--data", "{no_data_yaml}"],
+    "demo --help": ["demo", "--help"],
+    "demo: unknown task": ["demo", "--task", "nope"],
+    "plot --help": ["plot", "--help"],
+    "plot: missing run": ["plot", "nope"],
+    "samples --help": ["samples", "--help"],
+    "samples: missing run": ["samples", "nope"],
+    "export --help": ["export", "--help"],
+    "export: missing adapter": ["export", "--model", "m", "--adapter", "nope", "--out", "o"],
+    "plan --help": ["plan", "--help"],
+    "plan: missing config": ["plan", "nope.yaml"],
+    "plan: unknown key": ["plan", "{bad_yaml}"],
+    "tiny-model --help": ["tiny-model", "--help"],
+    "tiny-model: unknown family": ["tiny-model", "qwen9", "out"],
+    "tiny-model: bad hidden size": ["tiny-model", "qwen2_vl", "out", "--hidden_size", "30"],
+}
+"""Each command's `--help` and one input error (two for train, eval and plan): what must come back in a second."""
+
+
+@pytest.mark.parametrize("args", CHEAP_PATHS.values(), ids=CHEAP_PATHS.keys())
+def test_help_and_input_errors_import_nothing_heavy(args, tmp_path):
+    """Run in a fresh interpreter (and a fresh cache folder), the command answers without importing any of `HEAVY`:
+    `--help` exits 0, an input error exits 1 with its one line."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model_name_or_path: runs/tiny\ndata_config: data.yaml\nlearnin_rate: 0.1\n")
+    no_data = tmp_path / "no_data.yaml"
+    no_data.write_text(f"model_name_or_path: runs/tiny\ndata_config: {tmp_path / 'none.yaml'}\n")
+    argv = [a.format(bad_yaml=bad, no_data_yaml=no_data) for a in args]
+    probe = (
+        "import sys\nfrom vlm_grpo.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as exit:\n"
+        "    code = exit.code\n"
+        f"print('exit', code, 'heavy', sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    help_ = "--help" in args or "--help-all" in args
+    assert result.stderr.strip().endswith(f"exit {0 if help_ else 1} heavy []"), result.stderr[-3000:]
+    if not help_:
+        assert f"vlm-grpo {args[0]}: error: " in result.stderr and "Traceback" not in result.stderr
 
 
 def test_import_prints_no_kernels_notice():

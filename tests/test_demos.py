@@ -1,17 +1,26 @@
-"""The demo tasks run end to end for a few steps: data, warm start, GRPO on real completions, held-out scores."""
+"""The demo tasks run end to end for a few steps: data, warm start, GRPO on real completions, held-out scores; and a
+demo that a preemption signal stops says where its checkpoint is and evaluates nothing more."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from vlm_grpo.commands.demo import TASKS, main, summary
-from vlm_grpo.demos import brand, grounding, segments
+from vlm_grpo.checkpoints import is_complete
+from vlm_grpo.commands.demo import TASKS, main, summary, task_function
+from vlm_grpo.demos import brand, colour, grounding, segments
+from vlm_grpo.preemption import EXIT_PREEMPTED
 from vlm_grpo.rewards import build_rewards
 
 SMALL = {"n_train": 16, "n_warm": 16, "n_eval": 8}
@@ -34,7 +43,7 @@ def _check_run(
     assert (out / "model" / "model.safetensors").is_file()
     records = [
         json.loads(line)
-        for line in (out / "model" / "samples" / "step_000000.jsonl").read_text().splitlines()
+        for line in (out / "model" / "samples" / "step_000001.jsonl").read_text().splitlines()
     ]
     funcs, _ = build_rewards(train_rewards)
     for record in records:
@@ -133,15 +142,25 @@ def test_math_demo_runs_and_grades_boxed_answers(tmp_path):
     ]
 
 
+CALLS: list = []
+
+
+def record_call(out: str, **kwargs) -> dict:
+    """Stands in for a demo task's run function in `test_demo_command_picks_the_task`."""
+    CALLS.append((out, kwargs))
+    return {"after": {"accuracy": 0.5}}
+
+
 def test_demo_command_picks_the_task(tmp_path, capsys, monkeypatch):
     assert set(TASKS) == {"colour", "grounding", "brand", "math"}
-    calls = []
-    monkeypatch.setitem(
-        TASKS, "math", (lambda out, **kw: calls.append((out, kw)) or {"after": {"accuracy": 0.5}}, "x")
-    )
+    modules = {"colour": colour, "grounding": grounding, "brand": brand, "math": segments}
+    for name, module in modules.items():  # the command's table, read before the tasks are imported
+        assert TASKS[name][1] == module.TASK.output_dir and task_function(name).__module__ == module.__name__
+    CALLS.clear()
+    monkeypatch.setitem(TASKS, "math", (f"{__name__}:record_call", "x"))
     main(["--task", "math", "--output_dir", str(tmp_path), "--max_steps", "3"])
     main(["--task", "math", "--output_dir", str(tmp_path), "--dynamic_sampling"])
-    assert calls == [
+    assert CALLS == [
         (str(tmp_path), {"seed": 0, "max_steps": 3}),
         (str(tmp_path), {"seed": 0, "dynamic_sampling": True}),
     ]
@@ -150,3 +169,28 @@ def test_demo_command_picks_the_task(tmp_path, capsys, monkeypatch):
         "brand", {"start": {"accuracy": 0.0}, "warm": {"accuracy": 0.1}, "after": {"accuracy": 0.9}}, 12.3
     )
     assert line == "brand: held-out accuracy start 0.000, warm start 0.100, after GRPO 0.900; 12 s end to end"
+
+
+def test_sigterm_stops_the_demo_with_a_checkpoint_and_no_evaluation(tmp_path):
+    """`timeout` sends SIGTERM: the demo's GRPO run finishes its step, writes a complete checkpoint and the demo exits
+    with `EXIT_PREEMPTED`, saying where the checkpoint is, without evaluating the model it did not finish.
+
+    The signal is sent once the GRPO run's folder exists (the trainer creates it, inside the run's signal handling),
+    with many steps left, so it lands inside GRPO whatever the machine's load."""
+    out = tmp_path / "demo"
+    command = [sys.executable, "-m", "vlm_grpo", "demo", "--output_dir", str(out), "--max_steps", "50"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 600
+    while not (out / "model").is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == EXIT_PREEMPTED, stderr[-3000:]
+    found = re.search(r"vlm-grpo demo: preempted \(SIGTERM\): GRPO stopped after step (\d+) of 50 with a "
+                      r"complete checkpoint (\S+); a demo does not resume", stderr)  # fmt: skip
+    assert found, stderr[-3000:]
+    step, checkpoint = int(found.group(1)), Path(found.group(2))
+    assert checkpoint == out / "model" / f"checkpoint-{step}" and is_complete(checkpoint) and step < 50
+    assert "held-out after GRPO" not in stdout and not (out / "eval_after.json").exists()
+    assert not (out / "model" / "model.safetensors").exists() and "Traceback" not in stderr

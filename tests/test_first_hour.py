@@ -1,18 +1,22 @@
-"""A new user's first hour with their own data: a tiny model from the command line, a warning when nothing can be
-learned, and errors that name the real key, record and file."""
+"""A new user's first hour with their own data: a tiny model from the command line (one that vLLM's CPU backend
+runs too), a warning when nothing can be learned, and errors that name the real key, record and file."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 from conftest import color_dataset, grpo_args, write_color_data, write_train_yaml
 from test_bad_input import error_line
+from transformers import AutoConfig
 
 from vlm_grpo import VLMGRPOTrainer, get_model_family
 from vlm_grpo.cli import main as cli_main
+from vlm_grpo.commands.tiny_model import FAMILY_NAMES
 from vlm_grpo.signal_watch import SignalWatch
 from vlm_grpo.testing import DEFAULT_FAMILY, TINY_FAMILIES, a_family_with, tiny_family
+from vlm_grpo.vllm_payload import VLLM_CPU_HEAD_DIMS
 
 
 def test_tiny_model_command_builds_a_trainable_folder(tmp_path, capsys):
@@ -28,11 +32,38 @@ def test_tiny_model_command_builds_a_trainable_folder(tmp_path, capsys):
 
 
 def test_tiny_model_help_lists_the_families(capsys):
+    assert FAMILY_NAMES == TINY_FAMILIES  # the command's own list, read before the builders are imported
     with pytest.raises(SystemExit) as exc:
         cli_main(["tiny-model", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert all(family in out for family in TINY_FAMILIES)
+
+
+def test_tiny_model_command_builds_a_model_vllm_cpu_runs(tmp_path, capsys):
+    """The README's smoke-run model, by default, has an attention head dim that vLLM's CPU backend runs; a smaller
+    one gets a note saying that `use_vllm: true` on a CPU will refuse it."""
+    cli_main(["tiny-model", "qwen2_5_vl", str(tmp_path / "tiny")])
+    assert "note:" not in capsys.readouterr().out
+    text = AutoConfig.from_pretrained(tmp_path / "tiny").get_text_config()
+    assert text.hidden_size // text.num_attention_heads in VLLM_CPU_HEAD_DIMS
+    cli_main(["tiny-model", "qwen2_5_vl", str(tmp_path / "small"), "--hidden_size", "64"])
+    assert "note: use_vllm: true on a CPU will refuse it: " in capsys.readouterr().out
+
+
+def test_train_refuses_a_model_vllm_cpu_cannot_run_before_it_loads(tiny_model, tmp_path, capsys, monkeypatch):
+    from vlm_grpo.models import ModelFamily
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before vLLM's head dims were checked")
+
+    monkeypatch.setattr(ModelFamily, "load_model", never)
+    model = tiny_model(DEFAULT_FAMILY)  # head dim 16
+    config = write_train_yaml(tmp_path, model, write_color_data(tmp_path / "data"), use_vllm=True)
+    line = error_line(capsys, "train", str(config))
+    assert (
+        f"{model}: vLLM's CPU backend cannot run attention head dim 16" in line and "use_vllm: false" in line
+    )
 
 
 def test_tiny_model_refuses_an_unknown_family(tmp_path, capsys):
@@ -56,6 +87,40 @@ def test_no_learning_signal_is_said_once_then_every_n(tiny_model, tmp_path, capl
     assert len(warnings) == 3  # after rollouts 3, 5 and 7
     assert "3 rollouts in a row (up to step 3)" in warnings[0] and "every reward was 0" in warnings[0]
     assert "samples" in warnings[0] and "format" in warnings[0]
+
+
+def terminal_lines(text: str) -> list[str]:
+    """The lines a terminal shows for `text`: a carriage return goes back to the first column of its line."""
+    lines = []
+    for raw in text.split("\n"):
+        screen = ""
+        for part in raw.split("\r"):
+            screen = part + screen[len(part) :]
+        lines.append(screen.rstrip())
+    return lines
+
+
+def test_no_signal_warning_stands_on_its_own_line_under_the_progress_bar(tiny_model, tmp_path):
+    from test_cli import vlm_grpo
+
+    data = write_color_data(tmp_path / "data")
+    config = write_train_yaml(
+        tmp_path,
+        tiny_model(DEFAULT_FAMILY),
+        data,
+        rewards=["format"],  # 4 tokens never make <think>...</think><answer>...</answer>: every reward is 0
+        no_signal_warning_steps=1,
+        no_signal_warning_every=1,
+    )
+    result = vlm_grpo("train", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = terminal_lines(result.stderr)
+    assert any("%|" in line and "2/2" in line for line in shown)  # the progress bar was drawn, to its end
+    warnings = [line for line in shown if "No learning signal" in line]
+    assert len(warnings) == 2  # after rollouts 1 and 2
+    record = re.compile(r"\d{4}-\d\d-\d\d [\d:,]+ WARNING vlm_grpo\.trainer: No learning signal for")
+    for line in warnings:
+        assert record.match(line), line  # from the line's start: nothing of the bar before it
 
 
 def test_signal_watch_resets_when_groups_differ():
@@ -204,24 +269,12 @@ def test_train_command_is_quiet_and_ends_with_a_summary(tiny_model, tmp_path):
     assert "reward: final" in summary and "best" in summary
 
 
-def test_option_cache_equals_the_parser(tiny_model, tmp_path):
-    from vlm_grpo.option_cache import read_options
-    from vlm_grpo.train import build_parser, parse_args, parser_options
-
-    config = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), write_color_data(tmp_path / "data"))
-    parse_args([str(config)])  # a full parse writes the cache
-    assert read_options() == parser_options(build_parser())
-
-
 def test_typos_are_refused_before_any_heavy_import(tiny_model, tmp_path):
-    """With the option cache written, a bad key, flag or data config is refused without importing TRL or torch."""
+    """A bad key is refused without importing TRL or torch: the options are read from their source files."""
     import subprocess
     import sys
 
-    from vlm_grpo.train import parse_args
-
     config = write_train_yaml(tmp_path, tiny_model(DEFAULT_FAMILY), write_color_data(tmp_path / "data"))
-    parse_args([str(config)])
     config.write_text(config.read_text().replace("learning_rate", "learnin_rate"))
     probe = (
         "import sys\nfrom vlm_grpo.train import parse_args\nfrom vlm_grpo.errors import VLMGRPOError\n"

@@ -141,6 +141,32 @@ def test_sigterm_to_torchrun_stops_both_ddp_ranks_after_one_step_and_resumes_exa
     check_resumed(resumed, model, tmp_path / "straight" / "run", tmp_path / "preempted" / "run")
 
 
+# ------------------------------------------------------------------------------------------- nested handlers
+def test_nested_handlers_pass_a_signal_in_and_out():
+    """A pipeline of runs (the demo: warm start, GRPO) holds one callback around the runs' own: a signal that came
+    before a run stops it after its first step, and one that came during a run reaches the pipeline after it."""
+    from transformers import TrainerControl, TrainerState
+
+    args = type("Args", (), {"device": torch.device("cpu")})()
+    pipeline = PreemptionCallback()
+    with pipeline.handle_signals():
+        os.kill(os.getpid(), signal.SIGUSR1)  # between two runs: only the pipeline's handler is installed
+        run = PreemptionCallback()
+        with run.handle_signals():
+            control = run.on_step_end(args, TrainerState(global_step=1, max_steps=5), TrainerControl())
+        assert run.received == signal.SIGUSR1 and control.should_training_stop and run.stopped_at == 1
+
+    before = signal.getsignal(signal.SIGTERM)
+    pipeline = PreemptionCallback()
+    with pipeline.handle_signals():
+        run = PreemptionCallback()
+        with run.handle_signals():
+            os.kill(os.getpid(), signal.SIGTERM)  # inside the run: its handler records it
+        assert run.received == signal.SIGTERM and pipeline.received == signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) == pipeline.request
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
 # --------------------------------------------------------------------------------- agreement across processes
 def _signal_one_rank(rank: int, port: int, results) -> None:
     """One process of `test_a_signal_on_one_rank_stops_every_rank`: rank 0 alone gets a real SIGUSR1."""

@@ -1,8 +1,8 @@
 """Real vLLM (TRL's colocate mode) on every family: prompts, weight sync, importance sampling, LoRA.
 
 Each family runs in a fresh process (`vllm_worker.py`): one vLLM engine per family, built by TRL inside the trainer's
-process, serves every check of that family. On CPU, vLLM's linear-weight packing is patched out by the test-only
-`vllm_cpu_shim` so that TRL's weight sync can load (see there); everything else is the real vLLM and TRL. Run with
+process, serves every check of that family. On CPU, the trainer keeps vLLM's linear weights plain so that TRL's
+weight sync can load (`vlm_grpo.vllm_cpu`); everything else is the real vLLM and TRL. Run with
 `make test-vllm` (vLLM's CPU backend in `.venv-vllm`), or `pytest -m vllm` where vLLM is installed. Server mode
 (`trl vllm-serve`) is tested in `test_vllm_server.py`.
 """

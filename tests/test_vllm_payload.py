@@ -1,16 +1,25 @@
-"""vLLM payloads: raw images plus prompts with one unexpanded image placeholder per image (TRL issue #6294)."""
+"""vLLM payloads: raw images plus prompts with one unexpanded image placeholder per image (TRL issue #6294); and the
+refusal, before anything loads, of a model whose head dims vLLM's CPU backend cannot run."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import FAMILIES, color_rows, square_image
 from transformers import AutoConfig
 from trl.data_utils import prepare_multimodal_messages
 
+from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.models import get_model_family
 from vlm_grpo.rollout import load_rows
 from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with, one_family_per_image_rule, tiny_family
-from vlm_grpo.vllm_payload import build_vllm_payload, vllm_generate_kwargs, vllm_prompt_inputs
+from vlm_grpo.vllm_payload import (
+    VLLM_CPU_HEAD_DIMS,
+    build_vllm_payload,
+    check_vllm_cpu_attention,
+    vllm_generate_kwargs,
+    vllm_prompt_inputs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +139,45 @@ def test_generate_kwargs_per_mode(family_setup):
         vllm_generate_kwargs(payload, 2, "server")
     with pytest.raises(ValueError, match="vllm_mode must be"):
         vllm_generate_kwargs(payload, 2, "remote")
+
+
+# ------------------------------------------------------------------------------- vLLM's CPU backend: head dims
+def test_a_head_dim_vllm_cpu_cannot_run_is_refused_in_one_line(tiny_model):
+    path = tiny_model(DEFAULT_FAMILY)  # the test builders' default: hidden size 64, 4 heads
+    config = AutoConfig.from_pretrained(path)
+    family = get_model_family(config)
+    with pytest.raises(VLMGRPOError) as error:
+        check_vllm_cpu_attention(family, config, torch.device("cpu"), path)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{path}: ")
+    assert "attention head dim 16; it runs 32, 64" in message
+    assert "Set use_vllm: false" in message and "--hidden_size 256" in message
+    for device in (torch.device("cuda"), "cuda:0"):  # vLLM's GPU kernels: not this check's business
+        check_vllm_cpu_attention(family, config, device, path)
+
+
+def test_a_linear_attention_head_dim_vllm_cpu_cannot_run_is_refused(tmp_path):
+    """A hybrid family at hidden size 128: its attention head dim (32) runs, its linear-attention key head dim does
+    not; at 256 both do."""
+    from vlm_grpo.testing import a_family_with, build_tiny_model
+
+    shape = a_family_with(indexable_cache=False)  # linear-attention layers: no indexable cache
+    for hidden, refused in ((128, True), (256, False)):
+        path = build_tiny_model(shape, tmp_path / str(hidden), hidden_size=hidden)
+        config = AutoConfig.from_pretrained(path)
+        family = get_model_family(config)
+        assert set(family.attention_head_dims(config)) == {
+            "attention", "linear-attention key", "linear-attention value"
+        }  # fmt: skip
+        if refused:
+            with pytest.raises(VLMGRPOError, match="linear-attention key head dim 32; it runs 64, 128"):
+                check_vllm_cpu_attention(family, config, "cpu", "tiny")
+        else:
+            check_vllm_cpu_attention(family, config, "cpu", "tiny")
+
+
+@pytest.mark.vllm
+def test_cpu_head_dims_are_the_installed_vllms():
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    assert VLLM_CPU_HEAD_DIMS == tuple(CPUAttentionBackend.get_supported_head_sizes())

@@ -134,10 +134,6 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
         import vllm_server_shim
 
         vllm_server_shim.install_client()
-    else:
-        import vllm_cpu_shim
-
-        vllm_cpu_shim.install()
     import vllm
     from conftest import color_rows, grpo_args, length_reward
     from datasets import Dataset
@@ -209,10 +205,12 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     }
     completion = list(outputs[0].outputs[0].token_ids)
     ours = trainer_logps(trainer, encoded[0], completion)
-    result["before_sync"] = gap(vllm_logps(llm, inputs[0], completion), ours)
+    before = vllm_logps(llm, inputs[0], completion)
+    result["before_sync"] = gap(before, ours)
     trainer.sync_vllm_weights()
     synced = vllm_logps(llm, inputs[0], completion)
     result["after_sync"] = gap(synced, ours)
+    result["tokens"] = {"trainer": ours, "before_sync": before, "after_sync": synced, "ids": completion}
     if lora:
         with trainer.accelerator.unwrap_model(trainer.model).disable_adapter():
             result["base_gap"] = gap(synced, trainer_logps(trainer, encoded[0], completion))

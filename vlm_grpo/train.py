@@ -30,7 +30,7 @@ import yaml
 
 from .checkpoints import checkpoint_step, resolve_resume
 from .errors import EXIT_USER_ERROR, VLMGRPOError, did_you_mean, one_line, run_cli
-from .option_cache import read_options, short_help, write_options
+from .train_options import read_options, short_help
 from .rewards import build_rewards
 
 if TYPE_CHECKING:  # torch, TRL and transformers are imported when a command needs them (see `parse_args`)
@@ -138,7 +138,8 @@ def read_config(path: str) -> dict[str, Any]:
 
 
 def parser_options(parser: TrlParser) -> dict[str, Any]:
-    """What `option_cache` keeps of the parser: YAML keys, flags, help texts, and our own options in order."""
+    """The parser's YAML keys, flags, help texts, defaults and our own options in order, as
+    `vlm_grpo.train_options.read_options` reads them from the source."""
     actions = [a for a in parser._actions if a.dest != "help"]
     own_group = [
         g for g in parser._action_groups if g.title and g.title.startswith(("what to", "vision-language"))
@@ -147,6 +148,7 @@ def parser_options(parser: TrlParser) -> dict[str, Any]:
         "names": sorted({a.dest for a in actions}),
         "flags": sorted(flag for a in actions for flag in a.option_strings if flag.startswith("--")),
         "help": {a.dest: a.help or "" for a in actions},
+        "defaults": {a.dest: parser.get_default(a.dest) for a in actions},
         "own": [a.dest for g in own_group for a in g._group_actions if a.dest != "help"],
     }
 
@@ -182,12 +184,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOC
 
     Raises:
         SystemExit: no arguments (the usage is printed; status 1 under `vlm-grpo`).
-        VLMGRPOError: any of the errors above, or no `data_config` / `model_name_or_path`.
+        VLMGRPOError: any of the errors above, no `data_config` / `model_name_or_path`, or, with `use_vllm` on a
+            CPU, a model whose head dims vLLM's CPU backend cannot run.
     """
     early = read_early(argv)
     parser = build_parser()
-    options = _cache(parser)
-    _check_inputs(early, options)
+    _check_inputs(early, parser_options(parser))
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(args=early.argv)
     except VLMGRPOError:
@@ -202,7 +204,24 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOC
         raise VLMGRPOError(
             "model_name_or_path is required: set it in the training YAML or pass --model_name_or_path."
         )
+    if training_args.use_vllm:
+        check_vllm_model(model_args, training_args)
     return script_args, training_args, model_args
+
+
+def check_vllm_model(model_args: VLMModelConfig, training_args: VLMGRPOConfig) -> None:
+    """With `use_vllm` on a CPU, refuse a local model whose head dims vLLM's CPU backend cannot run, before anything
+    loads (`vlm_grpo.vllm_payload.check_vllm_cpu_attention`). A hub id is left to vLLM: published checkpoints use
+    head dims it runs, and reading their config here would mean a download before the other checks."""
+    from transformers import AutoConfig
+
+    from .models import get_model_family
+    from .vllm_payload import check_vllm_cpu_attention
+
+    path = Path(model_args.model_name_or_path)
+    if (path / "config.json").is_file():
+        config = AutoConfig.from_pretrained(path, trust_remote_code=training_args.trust_remote_code)
+        check_vllm_cpu_attention(get_model_family(config), config, training_args.device, str(path))
 
 
 @dataclass
@@ -230,25 +249,26 @@ class Early:
 
 
 def read_early(argv: list[str] | None) -> Early:
-    """Read the YAML and flags, print the help or the usage, and run every check the option cache allows.
+    """Read the YAML and flags, print the help or the usage, and check every input that needs no heavy import.
+
+    The options come from `vlm_grpo.train_options.read_options` (read from the source in milliseconds); only when it
+    cannot read them does `--help` build the real parser, and the key and flag checks wait for `parse_args`.
 
     Raises:
         SystemExit: `--help` (status 0), `--help-all` (status 0) or no arguments (the usage; status 1).
-        VLMGRPOError: a missing or malformed YAML; with the option cache, an unknown key or flag, a bad reward or a
-            missing data config too.
+        VLMGRPOError: a missing or malformed YAML, an unknown key or flag, or a bad reward.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--help-all" in argv:
-        build_parser().parse_args(["--help"])
+    if "-h" in argv or "--help" in argv or "--help-all" in argv:
+        options = read_options() or parser_options(build_parser())
+        print(short_help(options, USAGE, every="--help-all" in argv))
+        raise SystemExit(0)
     if not argv:
         print(
             f"usage: {USAGE}\nvlm-grpo train: error: give a training config (--help lists the options)",
             file=sys.stderr,
         )
         raise SystemExit(EXIT_USER_ERROR)
-    if "-h" in argv or "--help" in argv:
-        print(short_help(read_options() or _cache(build_parser()), USAGE))
-        raise SystemExit(0)
     if not argv[0].startswith("-"):
         argv = ["--config", argv[0], *argv[1:]]
     config_path = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
@@ -266,8 +286,6 @@ def read_datasets(early: Early) -> tuple[tuple, Any, Any]:
     The seed (which samples the records) is the one the options give, or TrainingArguments' default of 42; `key`
     lets `build_trainer` use these datasets only if the parsed options agree.
     """
-    from .data import load_data_config
-
     for key in ("data_config", "eval_data_config"):
         path = early.value(key)
         if path is not None and not Path(str(path)).is_file():
@@ -277,17 +295,12 @@ def read_datasets(early: Early) -> tuple[tuple, Any, Any]:
                 f"{where}: data config {path} not found (paths are relative to the working directory "
                 f"{Path.cwd()}); fix the path."
             )
+    from .data import load_data_config  # datasets, PIL and numpy: after the paths are checked
+
     seed = int(early.value("seed", 42))
     paths = early.value("data_config"), early.value("eval_data_config")
     train, evaluation = (None if path is None else load_data_config(str(path), seed=seed) for path in paths)
     return (*paths, seed), train, evaluation
-
-
-def _cache(parser: TrlParser) -> dict[str, Any]:
-    """The parser's options, written to the option cache for the next command (see `option_cache`)."""
-    options = parser_options(parser)
-    write_options(options)
-    return options
 
 
 def _check_inputs(early: Early, options: dict) -> None:

@@ -76,7 +76,13 @@ from .signal_watch import SignalWatch
 from .trl_options import refuse_trainer_arguments
 from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
 from .vllm_correction import importance_sampling_ratio, local_statistics, sampling_metrics
-from .vllm_payload import build_vllm_payload, check_vllm_architecture, vllm_generate_kwargs
+from .vllm_cpu import keep_linear_weights_plain
+from .vllm_payload import (
+    build_vllm_payload,
+    check_vllm_architecture,
+    check_vllm_cpu_attention,
+    vllm_generate_kwargs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +143,9 @@ class VLMGRPOTrainer(GRPOTrainer):
         embedding_dtype = model.get_input_embeddings().weight.dtype
         if args.use_vllm:
             check_vllm_architecture(family)
+            check_vllm_cpu_attention(family, model.config, args.device, model.name_or_path)
+            if args.vllm_mode == "colocate":  # on a CPU, vLLM's packed weights could not take the weight sync
+                keep_linear_weights_plain()
         with setup.trl_view_of(args, builds_reference, placeholders, model) as hidden_tie:
             super().__init__(
                 model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
@@ -678,7 +687,10 @@ class VLMGRPOTrainer(GRPOTrainer):
     def _write_samples(self, sampled, rewards_per_func, advantages, num_generations, dropped=None) -> None:
         """At step 1 and every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (see
         `rollout_log`); steps count from 1, as on the console."""
-        every, step = self.args.log_samples_steps, self.state.global_step + 1  # the step this rollout trains as
+        every, step = (
+            self.args.log_samples_steps,
+            self.state.global_step + 1,
+        )  # the step this rollout trains as
         if every and (step == 1 or step % every == 0):
             write_step_samples(
                 self.args.output_dir, self.state.global_step, self.reward_func_names, sampled, rewards_per_func,

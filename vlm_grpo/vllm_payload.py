@@ -24,12 +24,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from trl.data_utils import prepare_multimodal_messages
+from typing import TYPE_CHECKING, Any
 
 from .errors import VLMGRPOError
-from .models import ModelFamily
+
+if TYPE_CHECKING:  # TRL and transformers are imported where they are used: the checks below run before them
+    import torch
+    from transformers import PretrainedConfig
+
+    from .models import ModelFamily
+
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head dims that vLLM 0.31's CPU attention backend runs (`CPUAttentionBackend.get_supported_head_sizes()`
+in `vllm/v1/attention/backends/cpu_attn.py`); any other fails in the engine's first forward with "Unsupported CPU
+attention configuration: head_dim=...". A `vllm`-marked test compares it with the installed vLLM."""
+
+VLLM_CPU_LINEAR_HEAD_DIMS = (64, 128)
+"""Key and value head dims of the linear-attention (gated delta net) layers of Qwen3.5 that vLLM 0.31's CPU kernels
+run; any other fails with "Unexpected head dim size"."""
 
 
 @dataclass
@@ -84,6 +96,8 @@ def build_vllm_payload(
     Raises:
         `VLMGRPOError`: a prompt's image entries do not match its images, or its placeholders are already expanded.
     """
+    from trl.data_utils import prepare_multimodal_messages
+
     tokenizer = processor.tokenizer
     placeholder, placeholder_id = family.prompt_image_token(processor)
     expanded_ids = {family.image_token_id(processor)} - {placeholder_id}
@@ -191,3 +205,34 @@ def check_vllm_architecture(family: ModelFamily) -> None:
             f"vLLM {vllm.__version__} does not implement {family.model_type} ({architecture}); set use_vllm: false "
             "to generate with transformers, or install a vLLM that supports it."
         )
+
+
+def check_vllm_cpu_attention(
+    family: ModelFamily, config: PretrainedConfig, device: torch.device | str, model: str = "the model"
+) -> None:
+    """Refuse, in one line, a model whose attention head dims vLLM's CPU backend cannot run, when `device` is a CPU.
+
+    vLLM's CPU kernels are compiled for a fixed set of head dims (`VLLM_CPU_HEAD_DIMS`, and `VLLM_CPU_LINEAR_HEAD_DIMS`
+    for linear attention); with another one, the engine fails in its first forward, after a minute of loading, in a
+    long traceback. On a GPU vLLM runs other kernels, and nothing is checked.
+
+    Args:
+        family (`ModelFamily`): the family's module (`ModelFamily.attention_head_dims`).
+        config (`PretrainedConfig`): the model's config.
+        device (`torch.device | str`): the device training runs on (`TrainingArguments.device`).
+        model (`str`, *optional*, defaults to `"the model"`): how the message names the model (its path).
+
+    Raises:
+        `VLMGRPOError`: on a CPU, an attention or linear-attention head dim vLLM's CPU backend does not run.
+    """
+    if str(device).split(":")[0] != "cpu":
+        return
+    for kind, head_dim in family.attention_head_dims(config).items():
+        supported = VLLM_CPU_LINEAR_HEAD_DIMS if kind.startswith("linear") else VLLM_CPU_HEAD_DIMS
+        if head_dim not in supported:
+            raise VLMGRPOError(
+                f"{model}: vLLM's CPU backend cannot run {kind} head dim {head_dim}; it runs "
+                f"{', '.join(map(str, supported))}. Set use_vllm: false, or use a model with one of those head dims "
+                "(a `vlm-grpo tiny-model` folder has head dim hidden_size / 4: rebuild it with the default "
+                "--hidden_size 256)."
+            )

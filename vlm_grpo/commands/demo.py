@@ -9,30 +9,41 @@ Each task builds its tiny Qwen2-VL and its synthetic data offline (`vlm_grpo/dem
 images, and prints the scores at the start, after the supervised warm start (tasks whose answer format a random
 model cannot write: grounding, math, brand) and after GRPO, with the time of each phase. The GRPO run's folder
 `OUTPUT_DIR/model` holds the trained model, `training_curves.png` and `samples.html`.
+
+SIGTERM or SIGUSR1 (a scheduler's preemption, `timeout`) stops a demo as it stops `vlm-grpo train`: the training
+stage finishes its step and writes a checkpoint, the demo says where it is and exits with status 75
+(`vlm_grpo.preemption.EXIT_PREEMPTED`) without evaluating a model it did not finish.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any
 
-from ..demos import brand, colour, grounding, segments
-
-TASKS: dict[str, tuple[Callable[..., dict[str, Any]], str]] = {
-    "colour": (colour.run_colour, colour.TASK.output_dir),
-    "grounding": (grounding.run_grounding, grounding.TASK.output_dir),
-    "brand": (brand.run_brand, brand.TASK.output_dir),
-    "math": (segments.run_segments, segments.TASK.output_dir),
+TASKS: dict[str, tuple[str, str]] = {
+    "colour": ("vlm_grpo.demos.colour:run_colour", "runs/demo"),
+    "grounding": ("vlm_grpo.demos.grounding:run_grounding", "runs/demo-grounding"),
+    "brand": ("vlm_grpo.demos.brand:run_brand", "runs/demo-brand"),
+    "math": ("vlm_grpo.demos.segments:run_segments", "runs/demo-math"),
 }
-"""Demo tasks by name: the function that runs one (`vlm_grpo.demos.common.run_task` on the task's `DemoTask`)
-and its default output folder."""
+"""Demo tasks by name: the function that runs one (`module:function`, `vlm_grpo.demos.common.run_task` on the
+task's `DemoTask`; imported once the arguments are checked, since torch, transformers and TRL come with it) and its
+default output folder (the task's `TASK.output_dir`)."""
+
+
+def task_function(task: str) -> Callable[..., dict[str, Any]]:
+    """The function that runs the demo task `task` (one of `TASKS`), imported."""
+    module, _, name = TASKS[task][0].partition(":")
+    return getattr(import_module(module), name)
 
 
 def run_demo(output_dir: str = "runs/demo", max_steps: int = 500, seed: int = 0) -> dict[str, Any]:
     """The colour demo (`vlm_grpo.demos.colour.run_colour`), kept under its historical name."""
-    return colour.run_colour(output_dir, max_steps=max_steps, seed=seed)
+    return task_function("colour")(output_dir, max_steps=max_steps, seed=seed)
 
 
 def summary(task: str, result: dict[str, Any], seconds: float) -> str:
@@ -60,12 +71,19 @@ def main(argv: list[str] | None = None) -> None:
         "--dynamic_sampling", action="store_true", help="replace groups whose rewards all agree (DAPO)"
     )
     args = parser.parse_args(argv)
-    func, default_dir = TASKS[args.task]
     kwargs: dict[str, Any] = {"seed": args.seed}
     if args.max_steps is not None:
         kwargs["max_steps"] = args.max_steps
     if args.dynamic_sampling:
         kwargs["dynamic_sampling"] = True
+    func = task_function(args.task)
+    from ..preemption import EXIT_PREEMPTED, Preempted
+
     start = time.perf_counter()
-    result = func(args.output_dir or default_dir, **kwargs)
+    try:
+        result = func(args.output_dir or TASKS[args.task][1], **kwargs)
+    except Preempted as stopped:
+        sys.stderr.write(f"vlm-grpo demo: {stopped} (exit status {EXIT_PREEMPTED}).\n")
+        sys.stderr.flush()
+        raise SystemExit(EXIT_PREEMPTED) from None
     print(summary(args.task, result, time.perf_counter() - start))

@@ -8,7 +8,8 @@
 Report: `{"accuracy": float, "n": int, "rewards": {name: mean}}`; accuracy is the mean of the first reward
 (default `accuracy`, which follows each record's `accu_reward_method`, or its `default` option for records without
 one). A None reward (not applicable to that record) is left out of its mean. Every input (model folder, adapter,
-data config, rewards) is checked before the model loads.
+data config, rewards) is checked before the model loads; a missing file or an unknown reward before torch,
+transformers or TRL is imported.
 """
 
 from __future__ import annotations
@@ -17,26 +18,26 @@ import argparse
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
-from transformers.trainer_utils import set_seed
-from trl.data_utils import prepare_multimodal_messages
 
-from ..data import load_data_config
-from ..device import default_device
 from ..errors import VLMGRPOError
-from ..models import ModelFamily, get_model_family
 from ..rewards import build_rewards
-from ..rollout import load_rows, pad_rows
+
+if TYPE_CHECKING:  # torch, transformers and TRL are imported once the inputs are checked
+    import torch
+
+    from ..models import ModelFamily
 
 _NOT_REWARD_COLUMNS = ("prompt", "images", "image")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+"""A hub id, `org/name`: what a `--model` that is no folder here must look like."""
 
 
-@torch.no_grad()
 def generate_texts(
     model: torch.nn.Module,
     processor: Any,
@@ -57,6 +58,26 @@ def generate_texts(
         greedy (`bool`, defaults to True): greedy decoding; False samples at `temperature`.
         temperature (`float`, defaults to 1.0): sampling temperature when not greedy.
     """
+    import torch
+
+    with torch.no_grad():
+        return _generate_texts(model, processor, family, rows, max_new_tokens, greedy, temperature)
+
+
+def _generate_texts(
+    model: torch.nn.Module,
+    processor: Any,
+    family: ModelFamily,
+    rows: Sequence[dict[str, Any]],
+    max_new_tokens: int,
+    greedy: bool,
+    temperature: float,
+) -> list[str]:
+    """`generate_texts`, run inside `torch.no_grad()`."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    from ..rollout import load_rows, pad_rows
+
     device = next(model.parameters()).device
     encoded = []
     for row in load_rows(rows):
@@ -116,6 +137,35 @@ def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
     return model, adapter
 
 
+def check_paths(model: str, data: str) -> None:
+    """Refuse a `--model` or `--data` that names no file here, before any heavy import.
+
+    A `--model` that does not exist is taken for a hub id (`org/name`) when it can be one, as `from_pretrained`
+    reads it; any other path must be a folder holding a saved model (`config.json`) or a LoRA adapter.
+
+    Args:
+        model (`str`): the `--model` value.
+        data (`str`): the `--data` value.
+
+    Raises:
+        VLMGRPOError: the data config or the model folder is missing; the message names the flag.
+    """
+    if not Path(data).is_file():
+        raise VLMGRPOError(f"--data: data config {data} not found; pass the path of an existing YAML file.")
+    folder = Path(model)
+    if folder.is_dir():
+        if not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
+            raise VLMGRPOError(
+                f"--model: {model} holds no config.json (nor a LoRA adapter); point it at a saved model."
+            )
+        return
+    if folder.exists():
+        raise VLMGRPOError(f"--model: {model} is a file; point it at a model folder (or a hub id).")
+    under_local_folder = len(folder.parts) > 1 and Path(folder.parts[0]).is_dir()
+    if model.startswith((".", "/")) or under_local_folder or not _HUB_ID.match(model):
+        raise VLMGRPOError(f"--model: model folder {model} not found; check the path.")
+
+
 def check_rewards_apply(funcs: Sequence[Any], dataset: Any) -> None:
     """Score an empty completion of the first record with every reward, so that a reward that cannot read this
     data (e.g. `accuracy` without `accu_reward_method` and no `default`) fails before the model loads."""
@@ -160,11 +210,18 @@ def evaluate(
         output (`str | None`): where to write the JSON report.
         trust_remote_code (`bool`, defaults to False): allow code shipped with the checkpoint to run.
     """
-    set_seed(seed)
+    check_paths(model, data)
     model, adapter = resolve_adapter(model, adapter)
+    funcs, _ = build_rewards(list(rewards))
+    from transformers.trainer_utils import set_seed
+
+    from ..data import load_data_config
+    from ..device import default_device
+    from ..models import get_model_family
+
+    set_seed(seed)
     family = get_model_family(model, trust_remote_code=trust_remote_code)
     dataset = load_data_config(data, seed=seed)
-    funcs, _ = build_rewards(list(rewards))
     check_rewards_apply(funcs, dataset)
     policy = family.load_model(model, **family.model_init_kwargs(trust_remote_code=trust_remote_code))
     if adapter:

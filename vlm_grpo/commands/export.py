@@ -69,12 +69,12 @@ def export_merged(
         VLMGRPOError: no adapter at `adapter`, `out` not empty without `overwrite`, `out` is the base or the
             adapter, or an unsupported `dtype`.
     """
+    adapter, out = Path(adapter), Path(out)
+    _check_paths(model, adapter, out, overwrite)  # before the heavy imports: named in a second
     from peft import PeftModel
 
     from ..models import get_model_family
 
-    adapter, out = Path(adapter), Path(out)
-    _check_paths(model, adapter, out, overwrite)
     family = get_model_family(model, trust_remote_code=trust_remote_code)
     init_kwargs = family.model_init_kwargs(dtype=dtype, trust_remote_code=trust_remote_code)
     base = family.load_model(model, **init_kwargs)

@@ -5,12 +5,18 @@ vocabulary, its warm start and its rewards. `run_task` runs every task the same 
 tiny Qwen2-VL (`demo_model`), evaluate (`evaluate_stage`), warm-start (`warm_start`) and evaluate again when the
 task has a warm start, train with GRPO (`train_grpo`), evaluate, and draw the training curves and the samples
 page of the GRPO run (`finish`).
+
+SIGTERM or SIGUSR1 stops a demo as it stops `vlm-grpo train` (see `vlm_grpo.preemption`): a training stage (warm
+start or GRPO) finishes its step, writes a checkpoint and stops; any other stage finishes first. `run_task` then
+raises `Preempted`, saying where the last checkpoint (or saved model) is, instead of going on to a stage that needs
+what the stopped one did not write.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +28,7 @@ from ..commands.plot import plot_run
 from ..commands.samples import render_html
 from ..config import VLMGRPOConfig, VLMModelConfig
 from ..data import load_data_config
+from ..preemption import Preempted, PreemptionCallback, preempted_step
 from ..testing import ROLE_WORDS
 from ..testing.qwen import build_qwen
 from ..train import ScriptArguments, run
@@ -97,6 +104,7 @@ def warm_start(
     learning_rate: float = 1e-3,
     batch_size: int = 8,
     seed: int = 0,
+    stop: PreemptionCallback | None = None,
 ) -> float:
     """Supervised warm start with TRL's `SFTTrainer`: prompt + image -> `targets[i]`, loss on the completion only.
 
@@ -109,9 +117,14 @@ def warm_start(
         learning_rate (`float`, *optional*, defaults to `1e-3`): constant learning rate.
         batch_size (`int`, *optional*, defaults to `8`): records per step.
         seed (`int`, *optional*, defaults to `0`): seed.
+        stop (`PreemptionCallback`, *optional*, defaults to `None`): the demo's preemption callback; on a signal the
+            warm start writes a checkpoint after its step and stops.
 
     Returns:
         `float`: seconds spent training.
+
+    Raises:
+        `Preempted`: `stop` stopped the warm start; nothing is saved besides its checkpoint.
     """
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import SFTConfig, SFTTrainer
@@ -137,10 +150,20 @@ def warm_start(
     )
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype="float32")
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=processor)
+    callbacks = [stop] if stop is not None else None
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=dataset, processing_class=processor, callbacks=callbacks
+    )
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
+    if stop is not None and stop.stopped_at is not None:
+        step = stop.stopped_at
+        checkpoint = Path(output_dir) / f"checkpoint-{step}"
+        steps = f"after step {step} of {trainer.state.max_steps}"
+        raise _preempted(
+            stop.received, f"the warm start stopped {steps} with a checkpoint {checkpoint}", str(checkpoint)
+        )
     trainer.save_model(str(output_dir))
     processor.save_pretrained(str(output_dir))
     print(f"warm start: {len(rows)} records x {epochs:g} epochs in {seconds:.0f} s", flush=True)
@@ -207,14 +230,41 @@ def train_grpo(
         train_yaml (`Path`): the training data config.
         rewards (`Sequence[str]`): reward names.
         training_args (`VLMGRPOConfig`): the GRPO settings (see `grpo_config`).
+
+    Raises:
+        `Preempted`: a preemption signal stopped the run after a step, with a complete checkpoint and no model.
     """
     script_args = ScriptArguments(data_config=str(train_yaml), rewards=list(rewards))
     model_args = VLMModelConfig(model_name_or_path=str(model_dir), dtype="float32")
     start = time.perf_counter()
-    run(script_args, training_args, model_args, compact_console=True)
+    trainer = run(script_args, training_args, model_args, compact_console=True)
     seconds = time.perf_counter() - start
+    step = preempted_step(trainer.callback_handler.callbacks)
+    if step is not None:
+        received = next(
+            c.received for c in trainer.callback_handler.callbacks if isinstance(c, PreemptionCallback)
+        )
+        checkpoint = Path(training_args.output_dir) / f"checkpoint-{step}"
+        steps = f"after step {step} of {training_args.max_steps}"
+        raise _preempted(
+            received, f"GRPO stopped {steps} with a complete checkpoint {checkpoint}", str(checkpoint)
+        )
     print(f"GRPO: {training_args.max_steps} steps in {seconds:.0f} s", flush=True)
     return seconds
+
+
+def _preempted(received: int | None, what: str, checkpoint: str | None) -> Preempted:
+    """The `Preempted` of a demo that the signal `received` stopped: `what` stopped, and where."""
+    name = signal.Signals(received).name if received else "a signal"
+    return Preempted(
+        f"preempted ({name}): {what}; a demo does not resume: run it again to start over", checkpoint
+    )
+
+
+def _stop_if_signalled(stop: PreemptionCallback, what: str, checkpoint: str | None = None) -> None:
+    """Between two stages: raise `Preempted` (`what` says what is done and where it is) when a signal came."""
+    if stop.received is not None:
+        raise _preempted(stop.received, what, checkpoint)
 
 
 def finish(run_dir: Path) -> dict[str, str]:
@@ -291,7 +341,27 @@ def run_task(
     Returns:
         `dict`: the held-out reports (`task.first_stage`, `warm` after a warm start, `after`), the seconds of the
         warm start and of GRPO (`warm_seconds`, `train_seconds`) and the paths of the curves and samples page.
+
+    Raises:
+        `Preempted`: SIGTERM or SIGUSR1 stopped the demo (see the module's docstring); the message says where the
+            last checkpoint is.
     """
+    stop = PreemptionCallback()
+    with stop.handle_signals():
+        return _run_stages(task, stop, output_dir, max_steps, seed, warm_epochs, data_sizes, overrides)
+
+
+def _run_stages(
+    task: DemoTask,
+    stop: PreemptionCallback,
+    output_dir: str | None,
+    max_steps: int | None,
+    seed: int,
+    warm_epochs: float | None,
+    data_sizes: dict[str, int] | None,
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
+    """`run_task`'s stages, checking for a preemption signal between them."""
     out = Path(output_dir if output_dir is not None else task.output_dir)
     max_steps = task.max_steps if max_steps is None else max_steps
     warm_epochs = task.warm_epochs if warm_epochs is None else warm_epochs
@@ -303,6 +373,7 @@ def run_task(
     result[first] = evaluate_stage(
         model_dir, data["eval"], out / f"eval_{first}.json", label="start", **stage
     )
+    _stop_if_signalled(stop, "stopped before training; no checkpoint was written")
     start_from = Path(model_dir)
     if warm_epochs:
         result["warm_seconds"] = warm_start(
@@ -314,15 +385,21 @@ def run_task(
             seed=seed,
             batch_size=task.warm_batch_size,
             learning_rate=3e-3,
+            stop=stop,
         )
         start_from = out / "model-warm"
+        _stop_if_signalled(stop, f"stopped after the warm start, saved to {start_from}", str(start_from))
         result["warm"] = evaluate_stage(
             start_from, data["eval"], out / "eval_warm.json", label="after warm start", **stage
         )
+        _stop_if_signalled(stop, f"stopped after the warm start, saved to {start_from}", str(start_from))
     args = grpo_config(out / "model", max_steps, seed, **{**task.grpo_settings, **overrides})
     result["train_seconds"] = train_grpo(start_from, data["train"], task.train_rewards or task.rewards, args)
+    trained = f"stopped after GRPO, whose model is saved to {out / 'model'}"
+    _stop_if_signalled(stop, f"{trained}; the held-out evaluation after GRPO was not run", str(out / "model"))
     result["after"] = evaluate_stage(
         out / "model", data["eval"], out / "eval_after.json", label="after GRPO", **stage
     )
+    _stop_if_signalled(stop, f"{trained} and scored in {out / 'eval_after.json'}", str(out / "model"))
     result.update(finish(out / "model"))
     return result

@@ -198,6 +198,16 @@ class ModelFamily:
         without running its processor. Used by `vlm-grpo plan`."""
         return None
 
+    def attention_head_dims(self, model_config: Any) -> dict[str, int]:
+        """The language model's head dims by attention kind (`"attention"`, and for hybrid models `"linear-attention
+        key"` / `"linear-attention value"`): what an inference engine's kernels must support.
+
+        Args:
+            model_config (`PretrainedConfig`): the model's config.
+        """
+        text = model_config.get_text_config()
+        return {"attention": getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads}
+
     def context_length(self, model_config: Any) -> int | None:
         """Most tokens (prompt + completion) the language model places, or None when its config does not say."""
         return getattr(model_config.get_text_config(), "max_position_embeddings", None)

@@ -56,6 +56,14 @@ class Gemma4Family(ModelFamily):
         """`Gemma4ForConditionalGeneration`."""
         return Gemma4ForConditionalGeneration
 
+    def attention_head_dims(self, model_config: Any) -> dict[str, int]:
+        """The sliding-window layers' head dim, and the global layers' (`global_head_dim`) where it differs."""
+        dims = super().attention_head_dims(model_config)
+        text = model_config.get_text_config()
+        if getattr(text, "global_head_dim", None):
+            dims["global attention"] = text.global_head_dim
+        return dims
+
     def configure_image_size(
         self,
         processor: ProcessorMixin,

@@ -36,6 +36,15 @@ class Qwen3_5Family(Qwen2VLFamily):
         """`Qwen3_5ForConditionalGeneration` or `Qwen3_5MoeForConditionalGeneration`."""
         return self._classes[self.model_type]
 
+    def attention_head_dims(self, model_config: Any) -> dict[str, int]:
+        """The full-attention layers' head dim and the Gated DeltaNet layers' key and value head dims."""
+        text = model_config.get_text_config()
+        return {
+            **super().attention_head_dims(model_config),
+            "linear-attention key": text.linear_key_head_dim,
+            "linear-attention value": text.linear_value_head_dim,
+        }
+
     def load_model(self, path: str, **init_kwargs: Any) -> PreTrainedModel:
         """Load the model; a MoE text config always declares `output_router_logits` (see `qwen3_vl_moe`)."""
         model = super().load_model(path, **init_kwargs)
