@@ -194,3 +194,33 @@ def test_sigterm_stops_the_demo_with_a_checkpoint_and_no_evaluation(tmp_path):
     assert checkpoint == out / "model" / f"checkpoint-{step}" and is_complete(checkpoint) and step < 50
     assert "held-out after GRPO" not in stdout and not (out / "eval_after.json").exists()
     assert not (out / "model" / "model.safetensors").exists() and "Traceback" not in stderr
+
+
+# ------------------------------------------------------------------------------- documented figures
+def _documented_rows() -> dict[str, tuple[float, ...]]:
+    """The held-out scores after GRPO for seeds 0, 1, 2 of each default demo row of docs/demos.md, by task."""
+    table = (Path(__file__).resolve().parents[1] / "docs" / "demos.md").read_text()
+    rows = {}
+    for line in table.splitlines():
+        command = re.match(r"\| [^|]+ \| `vlm-grpo demo(?: --task (\w+))?` \|[^|]+\|([^|]+)\|", line)
+        if command:
+            seeds = re.search(r"\(([^)]*)\)", command.group(2)).group(1).split(", ")
+            rows[command.group(1) or "colour"] = tuple(float(s.split("->")[-1]) for s in seeds)
+    return rows
+
+
+def test_docs_give_the_scores_the_demos_print_beside_their_own():
+    """docs/demos.md's seeds 0, 1, 2 after GRPO are the figures each task prints as documented (and checks against
+    its target), so that a fresh clone's run says when it lands elsewhere."""
+    tasks = {"colour": colour.TASK, "grounding": grounding.TASK, "brand": brand.TASK, "math": segments.TASK}
+    assert _documented_rows() == {name: task.documented for name, task in tasks.items()}
+    for task in tasks.values():
+        assert len(task.documented) == 3 and task.target > 0
+
+
+def test_colour_demo_reaches_its_target(tmp_path):
+    """`make demo` as a fresh clone runs it, seed 0: held-out accuracy >= 0.9 after GRPO, and the summary says so."""
+    result = task_function("colour")(str(tmp_path / "demo"), seed=0)
+    assert result["after"]["accuracy"] >= colour.TASK.target
+    line = summary("colour", result, 1.0)
+    assert f"documented for seed 0: {colour.TASK.documented[0]:.3f}" in line and "target >= 0.9: met" in line

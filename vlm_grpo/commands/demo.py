@@ -57,7 +57,8 @@ def summary(task: str, result: dict[str, Any], seconds: float) -> str:
     stages = [("start", result.get("start") or result.get("before")), ("warm start", result.get("warm"))]
     stages.append(("after GRPO", result.get("after")))
     scores = ", ".join(f"{name} {report['accuracy']:.3f}" for name, report in stages if report)
-    return f"{task}: held-out accuracy {scores}; {seconds:.0f} s end to end"
+    verdict = f" ({result['verdict']})" if result.get("verdict") else ""
+    return f"{task}: held-out accuracy {scores}{verdict}; {seconds:.0f} s end to end"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,14 +69,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_steps", type=int, default=None, help="GRPO steps; default: the task's own")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--dynamic_sampling", action="store_true", help="replace groups whose rewards all agree (DAPO)"
+        "--dynamic_sampling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replace groups whose advantages are all zero (DAPO); default: the task's own (on for colour)",
     )
     args = parser.parse_args(argv)
     kwargs: dict[str, Any] = {"seed": args.seed}
     if args.max_steps is not None:
         kwargs["max_steps"] = args.max_steps
-    if args.dynamic_sampling:
-        kwargs["dynamic_sampling"] = True
+    if args.dynamic_sampling is not None:
+        kwargs["dynamic_sampling"] = args.dynamic_sampling
     func = task_function(args.task)
     from ..preemption import EXIT_PREEMPTED, Preempted
 

@@ -2,7 +2,8 @@
 
 `common.run_task` builds a tiny Qwen2-VL (`common.demo_model`), draws the task (a coloured square on grey,
 held-out images for evaluation), evaluates the untrained model, trains with GRPO and evaluates again. The answer
-is one word, which a random model already writes now and then, so there is no warm start. Outputs in `output_dir`:
+is one word, which a random model already writes now and then, so there is no warm start; dynamic sampling keeps
+the groups that have a right answer among wrong ones. Outputs in `output_dir`:
 `data/`, `model-init/`, `model/` (trained, with `training_curves.png`, `samples/` and `samples.html`),
 `eval_before.json`, `eval_after.json`.
 """
@@ -81,8 +82,16 @@ TASK = DemoTask(
     rewards=REWARDS,
     max_new_tokens=1,
     first_stage="before",
+    grpo_settings={"dynamic_sampling": True},
+    target=0.9,
+    documented=(1.0, 1.0, 0.984),
 )
-"""The colour demo: 500 GRPO steps with `grpo_config`'s settings, no warm start."""
+"""The colour demo: 500 GRPO steps with `grpo_config`'s settings and dynamic sampling, no warm start.
+
+Dynamic sampling, because most groups of the untrained model get no right answer at all (reward 0 for all 8
+completions): without it, 66% of the first steps' groups teach nothing and the held-out score after 500 steps
+depends on the seed and the machine (0.73 to 0.98 over three seeds here, 0.48 reported elsewhere); with it, every
+step trains on groups with a right answer among wrong ones (see docs/demos.md)."""
 
 
 def run_colour(output_dir: str = TASK.output_dir, **kwargs: Any) -> dict:

@@ -300,6 +300,12 @@ class DemoTask:
             fills in the rest).
         first_stage (`str`, *optional*, defaults to `"start"`): name of the first held-out report, in the result
             and in its file `eval_{first_stage}.json`.
+        target (`float`, *optional*, defaults to `0.0`): the held-out score GRPO should reach: an absolute score, or
+            with `target_is_gain` a gain over the warm start.
+        target_is_gain (`bool`, *optional*, defaults to `False`): `target` is a gain over the warm start.
+        documented (`tuple[float, ...]`, *optional*, defaults to `()`): the held-out scores after GRPO that
+            docs/demos.md gives for seeds 0, 1, 2 (a test keeps the two equal); the demo prints its seed's beside
+            its own.
     """
 
     output_dir: str
@@ -314,6 +320,29 @@ class DemoTask:
     warm_batch_size: int = 16
     grpo_settings: dict[str, Any] = field(default_factory=dict)
     first_stage: str = "start"
+    target: float = 0.0
+    target_is_gain: bool = False
+    documented: tuple[float, ...] = ()
+
+    def verdict(self, result: dict[str, Any], seed: int) -> str:
+        """How a run's held-out score after GRPO compares with the target and with the documented score of its seed.
+
+        Args:
+            result (`dict`): what `run_task` returned.
+            seed (`int`): the run's seed.
+        """
+        after = result["after"]["accuracy"]
+        if self.target_is_gain:
+            base = (result.get("warm") or result[self.first_stage])["accuracy"]
+            met, goal = after - base >= self.target, f"+{self.target:g} over the warm start"
+        else:
+            met, goal = after >= self.target, f">= {self.target:g}"
+        documented = (
+            f"documented for seed {seed}: {self.documented[seed]:.3f}; "
+            if seed < len(self.documented)
+            else ""
+        )
+        return f"{documented}target {goal}: {'met' if met else 'missed'}"
 
 
 def run_task(
@@ -402,4 +431,5 @@ def _run_stages(
     )
     _stop_if_signalled(stop, f"{trained} and scored in {out / 'eval_after.json'}", str(out / "model"))
     result.update(finish(out / "model"))
+    result["verdict"] = task.verdict(result, seed)
     return result
