@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from vlm_grpo.models import SUPPORTED_MODEL_TYPES, get_model_family
-from vlm_grpo.testing import TINY_FAMILIES, VLLM_LOGPROB_GAPS
+from vlm_grpo.testing import TINY_FAMILIES, VLLM_LOGPROB_GAPS, tiny_family
 
 pytestmark = pytest.mark.vllm
 
@@ -30,6 +30,12 @@ FAMILIES = tuple(shape for shape in TINY_FAMILIES if shape in SUPPORTED_MODEL_TY
 # vLLM's and the trainer's log-prob of one token with the same weights: vLLM computes in bfloat16 on CPU (it
 # downcasts float32 checkpoints), the trainer in float32. One scored completion, and every token sampled in a step.
 SYNC_TOLERANCE = 0.1
+# A mixture of experts routes each token to its top experts: where a tiny random router's scores for two experts are
+# closer than bfloat16 rounding, vLLM and the trainer pick different experts for that token, and its log-prob moves by
+# a tenth or two while the others agree to a few hundredths. Which tokens tie depends on the CPU's kernels (largest
+# gap after the sync, GLM-4.5V: 0.169 on one machine, three runs alike; 0.089 and 0.173 on others), so MoE families
+# are held to the bound below, and the sync must still bring vLLM closer to the trainer than it was.
+MOE_SYNC_TOLERANCE = 0.25
 STEP_TOLERANCE = 0.25  # a token routed to other experts in bfloat16 (MoE) moves more
 RUN_TIMEOUT = 600
 
@@ -121,8 +127,12 @@ def test_vllm_expands_the_payload_into_the_trained_prompt(shape, family_run):
 def test_weight_sync_reaches_vllm(shape, family_run):
     """After a step, vLLM scores a completion as the trainer does once the weights are synced, not before."""
     result = trained(family_run(shape))
-    assert result["after_sync"] < SYNC_TOLERANCE
-    assert result["before_sync"] > 2 * result["after_sync"]
+    if tiny_family(shape).moe:  # routing ties in bfloat16 (see MOE_SYNC_TOLERANCE)
+        assert result["after_sync"] < MOE_SYNC_TOLERANCE, result["tokens"]
+        assert result["before_sync"] > result["after_sync"], result["tokens"]
+    else:
+        assert result["after_sync"] < SYNC_TOLERANCE, result["tokens"]
+        assert result["before_sync"] > 2 * result["after_sync"], result["tokens"]
 
 
 @pytest.mark.parametrize("shape", known_gap("steps"))

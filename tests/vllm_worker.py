@@ -12,7 +12,8 @@ a fresh process per family keeps the engines and their process groups apart. Wri
   from the payload equal the processor-expanded ids the trainer trains on.
 - `log_history`: the trainer's logs of 2 colocate steps (the importance-sampling correction on, TRL's default).
 - `before_sync` / `after_sync`: the largest gap between vLLM's and the trainer's log-prob of each token of one
-  completion, scored by vLLM before and after `sync_vllm_weights()` (the trainer is one step ahead of vLLM before).
+  completion, scored by vLLM before and after `sync_vllm_weights()` (the trainer is one step ahead of vLLM before);
+  `tokens`: the three log-probs of each token.
 - `base_gap` (with `lora`, which trains a LoRA adapter): the gap between vLLM after the sync and the base model with
   the adapter disabled; TRL merges the adapter into the weights it syncs, so `after_sync` is small and this is not.
 
@@ -210,7 +211,11 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     trainer.sync_vllm_weights()
     synced = vllm_logps(llm, inputs[0], completion)
     result["after_sync"] = gap(synced, ours)
-    result["tokens"] = {"trainer": ours, "before_sync": before, "after_sync": synced, "ids": completion}
+    result["tokens"] = {
+        "trainer": ours,
+        "before_sync": before,
+        "after_sync": synced,
+    }  # per token, for the record
     if lora:
         with trainer.accelerator.unwrap_model(trainer.model).disable_adapter():
             result["base_gap"] = gap(synced, trainer_logps(trainer, encoded[0], completion))
