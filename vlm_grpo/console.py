@@ -94,8 +94,9 @@ def write_logs_around_bars() -> None:
     `logging.basicConfig`) and of every library logger (transformers installs its own); file handlers and other
     handler classes are left as they are. Levels, formats and filters are kept. Calling it again changes nothing.
     """
+    # the registry also holds placeholders of parent names no logger was made for
     named = [x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger)]
-    for logger in [logging.getLogger(), *named]:  # (the other entries are placeholders of unused parent names)
+    for logger in [logging.getLogger(), *named]:
         for handler in logger.handlers:
             if type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.stdout):
                 handler.setStream(BarSafeStream(handler.stream))

@@ -30,8 +30,8 @@ import yaml
 
 from .checkpoints import checkpoint_step, resolve_resume
 from .errors import EXIT_USER_ERROR, VLMGRPOError, did_you_mean, one_line, run_cli
-from .train_options import read_options, short_help
 from .rewards import build_rewards
+from .train_options import read_options, short_help
 
 if TYPE_CHECKING:  # torch, TRL and transformers are imported when a command needs them (see `parse_args`)
     from trl import TrlParser

@@ -108,8 +108,8 @@ def training_options(config_path: str, config: dict[str, Any], rest: list[str]) 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo plan`: parse, build the model on meta, print the plan and the verdict."""
-    from ..train_options import read_options
     from ..train import check_config_keys, check_flags, read_config
+    from ..train_options import read_options
 
     plan_args, rest = plan_parser().parse_known_args(argv)
     if plan_args.gpus < 1 or plan_args.nodes < 1:
