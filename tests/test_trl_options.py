@@ -25,7 +25,6 @@ GRPO_FIELDS = {f.name for f in dataclasses.fields(trl.GRPOConfig)} - TRAINING_FI
 # A value that triggers each rejection (every other value of these fields is TRL's default, which is accepted).
 REJECTING_VALUES = {
     "log_completions_hub_repo": {"log_completions": True, "log_completions_hub_repo": "org/completions"},
-    "max_tool_calling_iterations": {"max_tool_calling_iterations": 2},
     "use_transformers_continuous_batching": {"use_transformers_continuous_batching": True},
     "transformers_continuous_batching_config": {
         "transformers_continuous_batching_config": {"max_batch_tokens": 8}

@@ -617,23 +617,9 @@ def test_vllm_placeholders_get_a_logit_bias(qwen, tmp_path):
     [
         ({"fsdp": "full_shard"}, "FSDP is not supported"),
         ({"use_transformers_continuous_batching": True}, "does not support images"),
-        ({"max_tool_calling_iterations": 3}, "tool calling"),
         ({"num_generations": 3}, "divisible"),  # TRL's own check, reported as one line
     ],
 )
 def test_refused_options_fail_at_construction(options, message, tmp_path):
     with pytest.raises(VLMGRPOError, match=message):
         grpo_args(tmp_path, **options)
-
-
-def test_tools_and_rollout_func_are_refused(qwen, tmp_path):
-    path, processor, _ = qwen
-    with pytest.raises(VLMGRPOError, match="does not support tools"):
-        VLMGRPOTrainer(
-            path,
-            length_reward,
-            args=grpo_args(tmp_path),
-            train_dataset=color_dataset(4),
-            processing_class=processor,
-            tools=[len],
-        )

@@ -127,10 +127,13 @@ class Sampled:
     Attributes:
         inputs (`list[dict]`): the dataset rows.
         encoded (`list[EncodedPrompt]`): their encoded prompts; the rows of one group share one object.
-        completion_ids (`list[list[int]]`): each row's completion, cut after its first eos.
+        completion_ids (`list[list[int]]`): each row's completion, cut after its first eos; with tools, every turn
+            (the model's, and the tool results between them).
         sampling_logps (`list[list[float]] | None`): with vLLM, the sampled tokens' log-probs.
-        completions (`list[list[dict]]`): the decoded completions, conversational.
+        completions (`list[list[dict]]`): the decoded completions, conversational (with tools, every message).
         shared_generation (`bool`): whether sampling prefilled each group's prompt once.
+        tool_mask (`list[list[int]] | None`): with tools, 1 on the model's tokens and 0 on tool results (TRL's).
+        tool_images (`list[list[PIL.Image.Image]] | None`): with tools, the images each row's tools returned.
     """
 
     inputs: list[dict[str, Any]]
@@ -139,23 +142,32 @@ class Sampled:
     sampling_logps: list[list[float]] | None
     completions: list[list[dict[str, Any]]]
     shared_generation: bool
+    tool_mask: list[list[int]] | None = None
+    tool_images: list[list[Any]] | None = None
 
     def select(self, rows: Sequence[int]) -> Sampled:
         """These rows, in this order."""
-        logps = None if self.sampling_logps is None else [self.sampling_logps[i] for i in rows]
+
+        def pick(values: list | None) -> list | None:
+            return None if values is None else [values[i] for i in rows]
+
         return Sampled(
-            [self.inputs[i] for i in rows], [self.encoded[i] for i in rows], [self.completion_ids[i] for i in rows],
-            logps, [self.completions[i] for i in rows], self.shared_generation,
+            pick(self.inputs), pick(self.encoded), pick(self.completion_ids), pick(self.sampling_logps),
+            pick(self.completions), self.shared_generation, pick(self.tool_mask), pick(self.tool_images),
         )  # fmt: skip
 
     @staticmethod
     def concat(parts: Sequence[Sampled]) -> Sampled:
         """The rows of `parts`, one after the other (the first part's `shared_generation`)."""
-        logps = None if parts[0].sampling_logps is None else [x for p in parts for x in p.sampling_logps]
+
+        def chain(lists: list[list | None]) -> list | None:
+            return None if lists[0] is None else [x for values in lists for x in values]
+
         return Sampled(
-            [x for p in parts for x in p.inputs], [x for p in parts for x in p.encoded],
-            [x for p in parts for x in p.completion_ids], logps, [x for p in parts for x in p.completions],
-            parts[0].shared_generation,
+            chain([p.inputs for p in parts]), chain([p.encoded for p in parts]),
+            chain([p.completion_ids for p in parts]), chain([p.sampling_logps for p in parts]),
+            chain([p.completions for p in parts]), parts[0].shared_generation, chain([p.tool_mask for p in parts]),
+            chain([p.tool_images for p in parts]),
         )  # fmt: skip
 
 
@@ -167,6 +179,7 @@ def pad_batch(
     pad_to_multiple_of: int | None,
     mask_truncated_after: Sequence[int] | None,
     device: torch.device,
+    tool_mask_list: list[list[int]] | None = None,
 ) -> dict[str, Any]:
     """Padded `[B, P]` prompts and `[B, C]` completions with masks, as TRL pads them, on `device`.
 
@@ -180,21 +193,28 @@ def pad_batch(
         mask_truncated_after (`Sequence[int]`, *optional*): with `mask_truncated_completions`, the eos ids: a
             completion that ends on neither eos nor pad is masked out entirely.
         device (`torch.device`): where the tensors go.
+        tool_mask_list (`list[list[int]]`, *optional*, defaults to `None`): with tools, each row's TRL `tool_mask`
+            (0 on tool results), padded with 1 into `tool_mask` as TRL pads it.
 
     Returns:
-        `dict`: `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask`, `image_inputs` (per row), and
-        `sampling_per_token_logps` with vLLM.
+        `dict`: `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask`, `image_inputs` (per row),
+        `sampling_per_token_logps` with vLLM and `tool_mask` with tools.
     """
     multiple = pad_to_multiple_of
     prompt_ids, prompt_mask = pad_rows(
         [e.input_ids for e in encoded], pad_token_id, "left", multiple
     )  # [B, P]
     completion_ids, completion_mask = pad_rows(completion_ids_list, pad_token_id, "right", multiple)  # [B, C]
+    tool_mask = None
+    if tool_mask_list is not None:
+        tool_mask = pad_rows(tool_mask_list, 1, "right", multiple)[0]  # [B, C]
     if mask_truncated_after is not None:
         truncated = torch.tensor(
             [is_truncated(c, mask_truncated_after, pad_token_id) for c in completion_ids_list]
         )
         completion_mask = completion_mask * (~truncated).unsqueeze(1).int()
+        if tool_mask is not None:
+            tool_mask = tool_mask * (~truncated).unsqueeze(1).int()
     batch = {
         "prompt_ids": prompt_ids.to(device),
         "prompt_mask": prompt_mask.to(device),
@@ -202,6 +222,8 @@ def pad_batch(
         "completion_mask": completion_mask.to(device),
         "image_inputs": [e.image_inputs for e in encoded],
     }
+    if tool_mask is not None:
+        batch["tool_mask"] = tool_mask.to(device)
     if sampling_logps_list is not None:  # vLLM replaces a NaN log-prob with None
         rows = [[float("nan") if x is None else x for x in r] for r in sampling_logps_list]
         logps, _ = pad_rows(rows, 0.0, "right", multiple, dtype=torch.float32)  # [B, C]

@@ -6,6 +6,7 @@ The metrics are computed from tensors already gathered over every process, as TR
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -72,6 +73,29 @@ def _gathered_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return gather_object(kept)
 
 
+def completion_text(messages: list[dict[str, Any]]) -> str:
+    """A completion's messages as one text: each turn's text, its tool calls (`name(arguments)`) and the tool results
+    (text, and `[image]` where a tool returned an image), in order.
+
+    Args:
+        messages (`list[dict]`): the completion's messages (one without tools).
+    """
+    parts = []
+    for message in messages:
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = " ".join(
+                p["text"] if p.get("type") == "text" else f"[{p.get('type')}]" for p in content
+            )
+        if message["role"] == "tool":
+            parts.append(f"[{message.get('name', 'tool')} -> {content}]")
+            continue
+        calls = [c.get("function", c) for c in message.get("tool_calls") or ()]
+        parts += [content] if content else []
+        parts += [f"{c['name']}({json.dumps(c.get('arguments', {}), sort_keys=True)})" for c in calls]
+    return "\n".join(parts)
+
+
 def write_step_samples(
     output_dir: str,
     global_step: int,
@@ -105,7 +129,7 @@ def write_step_samples(
         return {name: values[:, i].tolist() for i, name in enumerate(names)}
 
     def texts(part: Sampled) -> list[str]:
-        return gather_object([c[0]["content"] for c in part.completions])
+        return gather_object([completion_text(c) for c in part.completions])
 
     step = global_step + 1
     rows, all_texts = _gathered_rows(sampled.inputs), texts(sampled)

@@ -248,6 +248,7 @@ class SharingPolicy:
         group_sizes: Sequence[int],
         agree: Callable[[bool], bool],
         generation: bool,
+        completion_images: bool = False,
     ) -> SharingPlan:
         """The plan of one generation batch, made once its completions are sampled.
 
@@ -258,8 +259,14 @@ class SharingPolicy:
             agree (`Callable[[bool], bool]`): whether a local "sharing pays" holds on every process; all processes
                 must take the same decision, as ZeRO-3 gathers parameters collectively in each forward.
             generation (`bool`): what `shares_generation` decided for this batch's sampling.
+            completion_images (`bool`, *optional*, defaults to `False`): some completion holds images (tool
+                results); the log-prob passes then run full rows, whose image inputs follow the placeholders of the
+                whole row. It must be the same on every process.
         """
         reasons = self._reasons(prompt_len, completion_len, group_sizes, agree)
+        if completion_images:
+            for name in ("scoring", "training"):
+                reasons[name] = (*reasons.get(name, ()), "tool results hold images")
         if generation:
             reasons.pop("generation", None)
         else:

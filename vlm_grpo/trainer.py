@@ -25,6 +25,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -73,7 +74,8 @@ from .shared_prefix import (
     shuffle_batch,
 )
 from .signal_watch import SignalWatch
-from .trl_options import refuse_trainer_arguments
+from .tool_rollout import draw_environments, reset_environments, row_image_inputs, tool_dicts, tool_metrics
+from .trl_options import check_tool_template, refuse_trainer_arguments
 from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
 from .vllm_correction import importance_sampling_ratio, local_statistics, sampling_metrics
 from .vllm_cpu import keep_linear_weights_plain
@@ -100,8 +102,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         peft_config (`peft.LoraConfig`, *optional*, defaults to `None`): LoRA; `target_modules=None` or
             `"all-linear"` means every linear layer of the language model, and the vision tower is never targeted.
 
-    Refused with a one-line `VLMGRPOError`: `tools`, `rollout_func` and `environment_factory` (multi-turn rollouts
-    with image tool outputs are not supported yet).
+    `tools`, `environment_factory` and `rollout_func` run as in TRL 1.16 (see `tool_rollout`): tools may return images,
+    which join the row's images in order; a chat template that cannot render tool calls is refused in one line.
     """
 
     # ------------------------------------------------------------------------------------------ construction
@@ -125,10 +127,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         args = setup.resolve_args(args)
         model_path = model if isinstance(model, str) else None
         uses_peft = peft_config is not None or (model_path is None and is_peft_model(model))
-        refuse_trainer_arguments(
-            args.sync_ref_model, uses_peft, tools=tools, rollout_func=rollout_func,
-            environment_factory=environment_factory,
-        )  # fmt: skip
+        refuse_trainer_arguments(args, uses_peft, tools=tools, environment_factory=environment_factory)
         family = get_model_family(model, trust_remote_code=args.trust_remote_code)
         model, processing_class, init_kwargs = setup.load_policy(
             model, args, family, quantization_config, processing_class
@@ -141,6 +140,8 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._reward_failures: list[RewardError] = []
         reward_funcs = setup.reward_functions(reward_funcs, args, self._reward_failures)
         embedding_dtype = model.get_input_embeddings().weight.dtype
+        if tools or environment_factory:
+            check_tool_template(processing_class)
         if args.use_vllm:
             check_vllm_architecture(family)
             check_vllm_cpu_attention(family, model.config, args.device, model.name_or_path)
@@ -151,7 +152,7 @@ class VLMGRPOTrainer(GRPOTrainer):
                 model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                 eval_dataset=eval_dataset, processing_class=processing_class,
                 reward_processing_classes=reward_processing_classes, callbacks=callbacks, optimizers=optimizers,
-                peft_config=peft_config,
+                peft_config=peft_config, tools=tools, rollout_func=rollout_func, environment_factory=environment_factory,
             )  # fmt: skip
         if hidden_tie:
             keep_embedding_dtype(model, embedding_dtype)
@@ -298,12 +299,15 @@ class VLMGRPOTrainer(GRPOTrainer):
         local_rewards = dropped = None
         if mode == "train" and self.args.dynamic_sampling:
             sampled, local_rewards, dropped = self._sample_dynamically(sampled, timer)
-        self._log_lengths(mode, [e.input_ids for e in sampled.encoded], sampled.completion_ids)
-        batch = self._pad_batch(sampled.encoded, sampled.completion_ids, sampled.sampling_logps)
+        self._log_lengths(
+            mode, [e.input_ids for e in sampled.encoded], sampled.completion_ids, sampled.tool_mask
+        )
+        batch = self._pad_batch(sampled)
         width = batch["completion_ids"].size(1)
         batch["sharing"] = self._sharing.plan(
-            *self._shape(sampled.encoded, width), generation=sampled.shared_generation
-        )
+            *self._shape(sampled.encoded, width), generation=sampled.shared_generation,
+            completion_images=self._tool_images_anywhere(sampled),
+        )  # fmt: skip
         self._old_and_reference_logps(batch, mode, timer)
         if self._corrects_vllm_sampling:
             self._vllm_importance_sampling(batch, mode)
@@ -331,40 +335,184 @@ class VLMGRPOTrainer(GRPOTrainer):
         return batch
 
     def _sample_rows(self, inputs: list[dict[str, Any]], mode: str, timer: PhaseTimer) -> Sampled:
-        """Encode each distinct prompt once, sample one completion per row, decode."""
+        """Encode each distinct prompt once, sample one completion per row, decode; with tools, TRL's tool loop runs
+        the calls and samples the next turns (see `tool_rollout`)."""
         rows = load_rows(inputs)
+        tools = self._prepare_tools(inputs, rows)  # [B] each row's tools, or None without tools
         with timer("gen"):
-            encoded = self._encode_prompts(rows)
+            encoded = self._encode_prompts(rows, tools)
             shared_generation = self._sharing.shares_generation(
                 *self._shape(encoded, self.max_completion_length)
             )
-            completion_ids_list, sampling_logps_list = self._sample(rows, encoded, mode, shared_generation)
+            if self.rollout_func is not None:
+                encoded, completion_ids_list, sampling_logps_list, tool_mask = self._roll_out(
+                    rows, inputs, encoded
+                )
+            else:
+                completion_ids_list, sampling_logps_list = self._sample(
+                    rows, encoded, mode, shared_generation
+                )
+                tool_mask = None
         completions = self.family.decode_completions(
-            self.processing_class, completion_ids_list, [e.input_ids for e in encoded]
+            self.processing_class, completion_ids_list, [e.input_ids for e in encoded], tools
         )
-        return Sampled(
-            inputs, encoded, completion_ids_list, sampling_logps_list, completions, shared_generation
+        sampled = Sampled(
+            inputs,
+            encoded,
+            completion_ids_list,
+            sampling_logps_list,
+            completions,
+            shared_generation,
+            tool_mask,
         )
+        if self.tools:
+            with timer("gen"):
+                sampled = self._call_tools(rows, sampled, mode)
+        return sampled
 
-    def _encode_prompts(self, rows: list[dict[str, Any]]) -> list[EncodedPrompt]:
+    def _roll_out(
+        self, rows: list[dict[str, Any]], inputs: list[dict[str, Any]], encoded: list[EncodedPrompt]
+    ) -> tuple[list[EncodedPrompt], list[list[int]], list[list[float]] | None, list[list[int]] | None]:
+        """The user's `rollout_func`, as TRL calls it: `(encoded prompts, completion ids, sampling log-probs, env_mask)`.
+
+        It gets the rows' multimodal prompts and the trainer, and returns `prompt_ids`, `completion_ids`, `logprobs`
+        and any other fields, which reach the rewards as columns (`env_mask` masks tokens out of the loss, as TRL's
+        tool mask). The prompt of a row with images must be the trainer's own encoding of it
+        (`trainer.processing_class` through `apply_chat_template`, images expanded), so that its image inputs fit.
+        """
+        if (
+            self.use_vllm and self.state.global_step != self._last_loaded_step
+        ):  # rollout_funcs sample with vLLM
+            with profiling_context(self, "sync_weights"):
+                self.sync_vllm_weights()
+            self._last_loaded_step = self.state.global_step
+        prompts = [prepare_multimodal_messages(r["prompt"], images=r["images"]) for r in rows]
+        output = self.rollout_func(copy.deepcopy(prompts), self)
+        missing = sorted({"prompt_ids", "completion_ids", "logprobs"} - output.keys())
+        if missing:
+            raise ValueError(f"rollout_func must return keys {missing} in its output dict.")
+        extra = {k: v for k, v in output.items() if k not in ("prompt_ids", "completion_ids", "logprobs")}
+        tool_mask = extra.pop("env_mask", None)
+        for i, x in enumerate(inputs):  # the rewards get the other fields as columns, as TRL merges them
+            fields = {k: v[i] for k, v in extra.items() if isinstance(v, list) and i < len(v)}
+            fields.update({k: v for k, v in extra.items() if not isinstance(v, list)})
+            inputs[i] = {**x, **fields}  # new dicts: the dataset's rows stay as they are
+        own = []
+        for i, (ids, item) in enumerate(zip(output["prompt_ids"], encoded, strict=True)):
+            if list(ids) == item.input_ids:
+                own.append(item)
+            elif item.num_images:
+                raise VLMGRPOError(
+                    f"rollout_func: row {i}'s prompt_ids ({len(ids)} tokens) are not the trainer's encoding of its "
+                    f"prompt with its {item.num_images} image(s) ({len(item.input_ids)} tokens); render prompts with "
+                    "trainer.processing_class.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True), "
+                    "which expands the image placeholders."
+                )
+            else:  # a text-only row: the function's own ids
+                own.append(EncodedPrompt(input_ids=list(ids), image_inputs={}, num_images=0))
+        logps = output["logprobs"] if self.use_vllm else None
+        return own, [list(c) for c in output["completion_ids"]], logps, tool_mask
+
+    def _prepare_tools(self, inputs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[list] | None:
+        """Each row's tools (None without tools), after drawing and resetting the rows' environments as TRL does
+        (a `reset()` observation joins the row's prompt, in `rows` and `inputs`, for the rewards too), and the tool
+        dicts TRL's tool loop reads."""
+        self.environments = None
+        if self.environment_factories is not None:
+            names, self.environments = draw_environments(
+                inputs, self.environment_factories, self._environment_pool, self._multi_environment
+            )
+            self._batch_environments = names
+            prompts = reset_environments(
+                [r["prompt"] for r in rows], self.environments, inputs, self._multi_environment
+            )
+            for i, prompt in enumerate(prompts):  # new dicts: the dataset's rows stay as they are, as in TRL
+                rows[i] = {**rows[i], "prompt": prompt}
+                inputs[i] = {**inputs[i], "prompt": prompt}
+        if not self.tools:
+            return None
+        self._sync_tool_dicts, self._async_tool_dicts = tool_dicts(
+            self._standalone_tools, self.environments, len(rows)
+        )
+        if self.environment_factories is not None:
+            return [self._env_tools[name] for name in self._batch_environments]
+        return [self.tools] * len(rows)
+
+    def _call_tools(self, rows: list[dict[str, Any]], sampled: Sampled, mode: str) -> Sampled:
+        """TRL's tool loop over the first turn: the calls run, their results join each row, the next turns are sampled
+        (`_generate_single_turn`); `tools/*` metrics as TRL logs them."""
+        prompts = [prepare_multimodal_messages(r["prompt"], images=r["images"]) for r in rows]
+        images = [r["images"] or None for r in rows]
+        logps = None if sampled.sampling_logps is None else [list(x) for x in sampled.sampling_logps]
+        tool_mask, completions, completion_ids, logps, calls, failures, tool_images = self._tool_call_loop(
+            prompts, [e.input_ids for e in sampled.encoded], [list(c) for c in sampled.completion_ids],
+            sampled.completions, logps, images if any(images) else None, {},
+        )  # fmt: skip
+        counts = (
+            self.accelerator.gather(
+                torch.tensor(
+                    [calls, failures, len(rows)], dtype=torch.float32, device=self.accelerator.device
+                )
+            )
+            .view(-1, 3)
+            .sum(dim=0)
+        )  # calls, failures, rows over every process
+        for name, value in tool_metrics(*counts.tolist()).items():
+            self._metrics[mode][name].append(value)
+        return replace(
+            sampled, completion_ids=completion_ids, completions=completions, sampling_logps=logps,
+            tool_mask=tool_mask, tool_images=tool_images,
+        )  # fmt: skip
+
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
+        """The next turn of each row that called a tool, from its whole history (TRL's tool loop calls it with the
+        ids of prompt, completion and tool results, and every image of the row: the prompt's, then the tools').
+
+        vLLM samples as in TRL; transformers' `generate` runs on the family's inputs of each row.
+        """
+        if self.use_vllm:
+            return super()._generate_single_turn(prompt_ids, images, {}, num_generations, has_tool_images)
+        device = self.accelerator.device
+        encoded = []
+        for ids, pictures in zip(prompt_ids, images or [None] * len(prompt_ids), strict=True):
+            inputs = self.family.encode_images(self.processing_class, pictures) if pictures else {}
+            inputs = {k: v.to(device) for k, v in inputs.items()}
+            encoded.append(
+                EncodedPrompt(input_ids=list(ids), image_inputs=inputs, num_images=len(pictures or []))
+            )
+        return self._sample_with_transformers(encoded, shared=False), None
+
+    def _encode_prompts(
+        self, rows: list[dict[str, Any]], tools: list[list] | None = None
+    ) -> list[EncodedPrompt]:
         """Chat template + processor once per distinct prompt: consecutive rows of one group share one encoding.
 
         Rows for which `same_prompt` holds get the same `EncodedPrompt` object; the shared-prefix passes and the vLLM
-        payload find groups by that identity. Image tensors are moved to the device once.
+        payload find groups by that identity. Image tensors are moved to the device once. With tools, each prompt
+        renders its row's tool definitions, with TRL's chat template (a prefix-preserving one where needed).
         """
         encoded: list[EncodedPrompt] = []
         for i, row in enumerate(rows):
-            if i > 0 and same_prompt(row, rows[i - 1]):
+            if i > 0 and same_prompt(row, rows[i - 1]) and (tools is None or tools[i] == tools[i - 1]):
                 encoded.append(encoded[-1])
                 continue
             messages = prepare_multimodal_messages(row["prompt"], images=row["images"])
             item = self.family.encode_prompt(
-                self.processing_class, messages, row["images"], self.chat_template_kwargs
+                self.processing_class, messages, row["images"], self._template_kwargs(tools and tools[i])
             )
             self._check_context(item, row)
             item.image_inputs = {k: v.to(self.accelerator.device) for k, v in item.image_inputs.items()}
             encoded.append(item)
         return encoded
+
+    def _template_kwargs(self, tools: list | None) -> dict[str, Any]:
+        """`apply_chat_template`'s arguments for a prompt: TRL's `chat_template_kwargs`, and with tools, the tools and
+        TRL's chat template (`tools=None` renders no tool section, as TRL passes `self.tools or None`)."""
+        if not self.tools:
+            return self.chat_template_kwargs
+        return {**self.chat_template_kwargs, "tools": tools or None, "chat_template": self.chat_template}
 
     def _check_context(self, item: EncodedPrompt, row: dict[str, Any]) -> None:
         """A prompt plus its completion must fit the model's context; say why when images make it too long."""
@@ -379,6 +527,12 @@ class VLMGRPOTrainer(GRPOTrainer):
             f"model's context of {context} tokens. Lower max_pixels (or max_tiles), use fewer images per prompt, "
             "or lower max_completion_length."
         )
+
+    def _tool_images_anywhere(self, sampled: Sampled) -> bool:
+        """Whether a tool returned an image to some row on some process (one collective, with tools only)."""
+        if not self.tools:
+            return False
+        return bool(self._across_processes(any(sampled.tool_images or ()), torch.any))
 
     def _shape(self, encoded: list[EncodedPrompt], completion_len: int) -> tuple:
         """`(P, C, group sizes, agree)`: what `SharingPolicy` decides from; `agree` asks every process."""
@@ -416,7 +570,7 @@ class VLMGRPOTrainer(GRPOTrainer):
                 self.sync_vllm_weights()
             self._last_loaded_step = self.state.global_step
         payload = build_vllm_payload(
-            self.processing_class, self.family, rows, encoded, self.chat_template_kwargs
+            self.processing_class, self.family, rows, encoded, self._template_kwargs(self.tools)
         )
         kwargs = vllm_generate_kwargs(
             payload, num_generations, self.vllm_mode, expanded_prompt_ids=[e.input_ids for e in encoded]
@@ -529,12 +683,18 @@ class VLMGRPOTrainer(GRPOTrainer):
         return chosen, rewards, dropped
 
     def _log_lengths(
-        self, mode: str, prompt_ids_list: list[list[int]], completion_ids_list: list[list[int]]
+        self,
+        mode: str,
+        prompt_ids_list: list[list[int]],
+        completion_ids_list: list[list[int]],
+        tool_mask: list[list[int]] | None = None,
     ) -> None:
-        """Token counts and completion-length metrics, as TRL logs them, plus length percentiles."""
+        """Token counts and completion-length metrics, as TRL logs them (with tools, the model's tokens only), plus
+        length percentiles."""
         device, pad_id = self.accelerator.device, self._tokenizer.pad_token_id
         prompt_lengths = gather(torch.tensor([len(i) for i in prompt_ids_list], device=device))  # [N]
-        lengths = gather(torch.tensor([len(i) for i in completion_ids_list], device=device)).float()  # [N]
+        counted = [len(i) for i in completion_ids_list] if tool_mask is None else [sum(m) for m in tool_mask]
+        lengths = gather(torch.tensor(counted, device=device)).float()  # [N]
         truncated = [is_truncated(i, self.eos_token_ids, pad_id) for i in completion_ids_list]
         truncated = gather(torch.tensor(truncated, device=device))  # [N]
         total_tokens = int(prompt_lengths.sum().item() + lengths.sum().item())
@@ -545,19 +705,21 @@ class VLMGRPOTrainer(GRPOTrainer):
             self._metrics[mode][name].append(value)
         self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
 
-    def _pad_batch(
-        self,
-        encoded: list[EncodedPrompt],
-        completion_ids_list: list[list[int]],
-        sampling_logps_list: list[list[float | None]] | None,
-    ) -> dict[str, Any]:
-        """Padded `[B, P]` prompts and `[B, C]` completions with masks, as TRL pads them (see `rollout.pad_batch`)."""
+    def _pad_batch(self, sampled: Sampled) -> dict[str, Any]:
+        """Padded `[B, P]` prompts and `[B, C]` completions with masks, as TRL pads them (see `rollout.pad_batch`);
+        a row whose tools returned images gets image inputs of its own (see `tool_rollout.row_image_inputs`)."""
         device = self.accelerator.device
         batch = pad_batch(
-            encoded, completion_ids_list, sampling_logps_list, self._tokenizer.pad_token_id, self.pad_to_multiple_of,
-            self.eos_token_ids if self.mask_truncated_completions else None, device,
+            sampled.encoded, sampled.completion_ids, sampled.sampling_logps, self._tokenizer.pad_token_id,
+            self.pad_to_multiple_of, self.eos_token_ids if self.mask_truncated_completions else None, device,
+            sampled.tool_mask,
         )  # fmt: skip
-        batch["num_items_in_batch"] = self.accelerator.gather(batch["completion_mask"].sum()).sum()
+        if any(sampled.tool_images or ()):
+            batch["image_inputs"] = row_image_inputs(
+                self.family, self.processing_class, sampled.encoded, sampled.tool_images, device
+            )
+        loss_mask = batch["completion_mask"] * batch.get("tool_mask", 1)  # [B, C]
+        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         return batch
 
     def _old_and_reference_logps(self, batch: dict[str, Any], mode: str, timer: PhaseTimer) -> None:
@@ -589,11 +751,8 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     def _vllm_importance_sampling(self, batch: dict[str, Any], mode: str) -> None:
         """Add TRL's `importance_sampling_ratio` `[B, C]` (`[B, 1]` per sequence) and log its `sampling/*` metrics."""
-        old, sampling, mask = (
-            batch["old_per_token_logps"],
-            batch["sampling_per_token_logps"],
-            batch["completion_mask"],
-        )
+        old, sampling = batch["old_per_token_logps"], batch["sampling_per_token_logps"]
+        mask = batch["completion_mask"] * batch.get("tool_mask", 1)  # [B, C]: the model's tokens, as TRL
         mode_name = self.vllm_importance_sampling_mode
         ratio = importance_sampling_ratio(
             old, sampling, mask, mode_name, self.vllm_importance_sampling_clip_min,

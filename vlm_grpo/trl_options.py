@@ -137,10 +137,7 @@ GRPO_OPTIONS: dict[str, Honoured | Rejected] = {
         "read the completions from the logs or output_dir/samples.",
     ),
     # multi-turn and continuous batching
-    "max_tool_calling_iterations": Rejected(
-        lambda c: c.max_tool_calling_iterations is not None,
-        "max_tool_calling_iterations applies to tool calling, which VLMGRPOTrainer does not support; remove it.",
-    ),
+    "max_tool_calling_iterations": Honoured("tests/test_tools.py::test_tool_rollouts_match_trl"),
     "use_transformers_continuous_batching": Rejected(
         # TRL turns it on for `use_transformers_paged`, which is refused in its own words below
         lambda c: c.use_transformers_continuous_batching and not c.use_transformers_paged,
@@ -198,25 +195,46 @@ def rejected_option_names() -> list[str]:
     return [name for name, entry in table.items() if isinstance(entry, Rejected)]
 
 
-TRAINER_ARGUMENTS = ("tools", "rollout_func", "environment_factory")
-"""`GRPOTrainer` arguments that `VLMGRPOTrainer` refuses: multi-turn rollouts (image tool outputs are not supported)."""
+TOOL_TEMPLATE_MESSAGE = (
+    "tools and environment_factory need a chat template that renders a tool-calling conversation (user, assistant "
+    "with tool_calls, tool), as the published Qwen3-VL, Qwen3.5 and Gemma 4 templates do and the Qwen2-VL, "
+    "Qwen2.5-VL and Gemma 3 ones do not; use such a model, or pass a processing_class with such a chat template."
+)
+"""The one-line refusal of a chat template that cannot render tool calls (TRL's `supports_tool_calling`)."""
 
 
-def refuse_trainer_arguments(sync_ref_model: bool, uses_peft: bool, **arguments: Any) -> None:
+def check_tool_template(processing_class: Any) -> None:
+    """Refuse, in one line, tools on a processor whose chat template cannot render a tool-calling conversation.
+
+    Stock TRL refuses the same templates (`trl.chat_template_utils.supports_tool_calling`), with a longer message.
+
+    Args:
+        processing_class (`ProcessorMixin`): the processor the trainer renders prompts with.
+    """
+    from trl.chat_template_utils import supports_tool_calling
+
+    if not supports_tool_calling(processing_class):
+        raise VLMGRPOError(TOOL_TEMPLATE_MESSAGE)
+
+
+def refuse_trainer_arguments(
+    args: Any, uses_peft: bool, tools: Any = None, environment_factory: Any = None
+) -> None:
     """Refuse, in one line each, the trainer arguments and combinations this trainer cannot run.
 
     Args:
-        sync_ref_model (`bool`): the config's `sync_ref_model`.
+        args (`VLMGRPOConfig`): the training options.
         uses_peft (`bool`): whether the policy trains a PEFT adapter (a `peft_config`, or a PEFT model given).
-        **arguments: the trainer's `TRAINER_ARGUMENTS`, by name; each must be None.
+        tools (`list`, *optional*): the trainer's `tools`.
+        environment_factory (`Callable | dict`, *optional*): the trainer's `environment_factory`.
     """
-    for name in TRAINER_ARGUMENTS:
-        if arguments.get(name) is not None:
-            raise VLMGRPOError(
-                f"VLMGRPOTrainer does not support {name} (multi-turn rollouts); leave it unset."
-            )
-    if sync_ref_model and uses_peft:
+    if args.sync_ref_model and uses_peft:
         raise VLMGRPOError(
             "sync_ref_model with PEFT: the reference is the policy with its adapter disabled, there is no "
             "reference model to sync (as in TRL); set sync_ref_model: false or train without PEFT."
+        )
+    if environment_factory is not None and args.use_vllm:
+        raise VLMGRPOError(
+            "environment_factory with use_vllm: each row renders its own environment's tools, which the vLLM path "
+            "does not take yet; set use_vllm: false, or pass the environment's methods as tools."
         )

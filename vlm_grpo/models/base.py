@@ -251,26 +251,47 @@ class ModelFamily:
             input_ids=encoded["input_ids"][0].tolist(), image_inputs=image_inputs, num_images=len(images)
         )
 
+    def encode_images(self, processor: ProcessorMixin, images: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """The image inputs of `images` as the processor makes them inside a prompt (one placeholder each), e.g. for
+        the images a tool returned in the middle of a completion.
+
+        Args:
+            processor (`ProcessorMixin`): the family's processor.
+            images (`Sequence[PIL.Image.Image]`): the images, in order.
+        """
+        token, _ = self.prompt_image_token(processor)
+        encoded = processor(text=[token * len(images)], images=list(images), return_tensors="pt")
+        return {k: encoded[k] for k in self.image_input_keys if k in encoded}
+
     def decode_completions(
         self,
         processor: ProcessorMixin,
         completion_ids: Sequence[Sequence[int]],
         prompt_ids: Sequence[Sequence[int]],
+        tools: Sequence[Sequence[Any] | None] | None = None,
     ) -> list[list[dict[str, Any]]]:
         """Conversational completions `[[{"role": "assistant", ...}], ...]` from sampled ids, as TRL builds them.
 
         A tokenizer that declares how to parse its responses (`response_template` or `response_schema`, e.g. to
-        split out reasoning) is used through TRL's `parse_response`; otherwise the ids are decoded without
-        special tokens.
+        split out reasoning or tool calls) is used through TRL's `parse_response`; otherwise the ids are decoded
+        without special tokens.
+
+        Args:
+            processor (`ProcessorMixin`): the family's processor.
+            completion_ids (`Sequence[Sequence[int]]`): the sampled ids of each row.
+            prompt_ids (`Sequence[Sequence[int]]`): each row's prompt ids (the parser's prefix).
+            tools (`Sequence`, *optional*, defaults to `None`): each row's tools, which type the tool calls'
+                arguments.
         """
         tokenizer = processor.tokenizer
         if (
             getattr(tokenizer, "response_template", None) is not None
             or getattr(tokenizer, "response_schema", None) is not None
         ):
+            tools = tools or [None] * len(completion_ids)
             return [
-                [parse_response(tokenizer, ids, prefix=p)]
-                for ids, p in zip(completion_ids, prompt_ids, strict=True)
+                [parse_response(tokenizer, ids, prefix=p, tools=t or None)]
+                for ids, p, t in zip(completion_ids, prompt_ids, tools, strict=True)
             ]
         texts = processor.batch_decode(completion_ids, skip_special_tokens=True)
         return [[{"role": "assistant", "content": text}] for text in texts]

@@ -95,6 +95,9 @@ class TinyFamily:
         moe (`bool`, *optional*, defaults to `False`): the language model has mixture-of-experts layers.
         byte_level (`bool`, *optional*, defaults to `False`): the tokenizer is a byte-level BPE (every vocabulary
             word one token, with or without its leading space) rather than the word-level one.
+        tool_calls (`bool`, *optional*, defaults to `False`): the builder's chat template is the published one, with
+            its tool definitions, tool calls and tool results, and the tokenizer has its tool-call tags: TRL's tool
+            loop runs on it (`tools`, `environment_factory`).
         fixed_image_tokens (`int`, *optional*): image tokens every image gets whatever its size (Gemma 4's budget);
             otherwise one per merged patch block, 4 at the default image size.
         sampling (`Mapping[str, Any]`, *optional*, defaults to `{}`): the sampling fields the builder writes into
@@ -124,6 +127,7 @@ class TinyFamily:
     mrope: bool = False
     moe: bool = False
     byte_level: bool = False
+    tool_calls: bool = False
     fixed_image_tokens: int | None = None
     sampling: Mapping[str, Any] = field(default_factory=dict)
     unused_parameters: frozenset[str] = frozenset()

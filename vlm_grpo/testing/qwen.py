@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
+    PreTrainedTokenizerFast,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2_5_VLProcessor,
@@ -22,7 +25,16 @@ from transformers import (
     Qwen3VLVideoProcessor,
 )
 
-from ._common import BuildOptions, check_sizes, round_to_multiple, save_tiny
+from ._common import (
+    DEFAULT_WORDS,
+    TAG_TOKENS,
+    UNK_TOKEN,
+    BuildOptions,
+    check_sizes,
+    round_to_multiple,
+    save_tiny,
+    token_id,
+)
 from .expectations import ChatLayout, TinyFamily
 
 # Layout of the Qwen chat format:
@@ -96,6 +108,72 @@ QWEN_NAMED_TOKENS = {
     "vision_end_token": "<|vision_end|>",
 }
 
+QWEN_TOOL_TOKENS: tuple[str, ...] = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+"""The tool-call tags of the Qwen3 tokenizers: added tokens, not special (they decode with the text)."""
+
+
+def qwen3_vl_chat_template() -> str:
+    """The published Qwen3-VL chat template (tool definitions, tool calls and tool results with images included),
+    as TRL 1.16 ships it and recognises it for tool-call parsing (`trl.chat_template_utils`)."""
+    from trl.chat_template_utils import qwen3_vl_chat_template as template
+
+    return template
+
+
+# Qwen3.5's pre-tokenizer split (as in `Qwen3_5Tokenizer`): contractions, letters with one leading non-letter,
+# single digits, punctuation runs with one leading space, newlines, spaces.
+QWEN3_5_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def byte_level_tokenizer(
+    words: Sequence[str] | None = None,
+    base_words: Sequence[str] = DEFAULT_WORDS,
+    added_tokens: Sequence[str] = TAG_TOKENS,
+    chat_template: str = QWEN_CHAT_TEMPLATE,
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with the published Qwen pipeline in which every vocabulary word is one token (`"red"`,
+    `"Ġred"`): every text decodes back exactly (tool calls' JSON included).
+
+    Args:
+        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words; one holding punctuation
+            (`"Coca-Cola"`) is matched whole, like the tags.
+        base_words (`Sequence[str]`, defaults to `DEFAULT_WORDS`): the vocabulary before `words`.
+        added_tokens (`Sequence[str]`, defaults to `TAG_TOKENS`): tokens matched whole before the split, not special
+            (the reasoning and answer tags; the tool-call tags where the published tokenizer has them).
+        chat_template (`str`, defaults to `QWEN_CHAT_TEMPLATE`): the template stored on the tokenizer.
+    """
+    vocabulary = list(dict.fromkeys([*base_words, *(words or ())]))
+    backend = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN3_5_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1_000_000,  # never reached: merging stops once every word is one token
+        min_frequency=1,
+        special_tokens=[*QWEN_SPECIAL_TOKENS, UNK_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator([*vocabulary, *(" " + w for w in vocabulary)], trainer)
+    glued = [w for w in vocabulary if not w.isalnum() and len(w) > 1]
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in [*added_tokens, *glued]])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        chat_template=chat_template,
+        clean_up_tokenization_spaces=False,
+        unk_token=UNK_TOKEN,  # never produced (every byte is a token), but declared alike at every version
+        **QWEN_NAMED_TOKENS,
+    )
+
+
 NUM_HEADS = 4
 NUM_KV_HEADS = 2
 VISION_WIDTH = 32
@@ -141,8 +219,17 @@ def build_qwen(
     factor = patch_size * merge_size
     side = round_to_multiple(o.image_size, factor)
 
-    chat_template = QWEN_CHAT_TEMPLATE if is_qwen3 else QWEN2_CHAT_TEMPLATE
-    tokenizer, ids = o.tokenizer(QWEN_SPECIAL_TOKENS, QWEN_NAMED_TOKENS, chat_template)
+    if (
+        is_qwen3
+    ):  # the published template and a byte-level BPE, so that tool calls render and parse as published
+        chat_template = qwen3_vl_chat_template()
+        tokenizer = byte_level_tokenizer(
+            o.words, o.base_words, (*TAG_TOKENS, *QWEN_TOOL_TOKENS), chat_template=chat_template
+        )
+        ids = {tok: token_id(tokenizer, tok) for tok in QWEN_SPECIAL_TOKENS}
+    else:
+        chat_template = QWEN2_CHAT_TEMPLATE
+        tokenizer, ids = o.tokenizer(QWEN_SPECIAL_TOKENS, QWEN_NAMED_TOKENS, chat_template)
     pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
 
     # Image budget: from one merged token (factor**2 pixels) up to side**2 pixels.
@@ -296,10 +383,12 @@ def qwen_family(name: str, title: str, architecture: str, build: Any, **expectat
     )  # fmt: skip
 
 
-def _qwen_vl(name: str, title: str, architecture: str, checkpoint: str, layout: ChatLayout) -> TinyFamily:
+def _qwen_vl(
+    name: str, title: str, architecture: str, checkpoint: str, layout: ChatLayout, **expectations: Any
+) -> TinyFamily:
     return qwen_family(
         name, title, architecture, partial(build_qwen, name), checkpoints=(checkpoint,), core=True,
-        sampling=QWEN_SAMPLING[name], layout=layout,
+        sampling=QWEN_SAMPLING[name], layout=layout, **expectations,
     )  # fmt: skip
 
 
@@ -307,4 +396,7 @@ QWEN2_VL = _qwen_vl("qwen2_vl", "Qwen2-VL", "Qwen2VLForConditionalGeneration", "
 QWEN2_5_VL = _qwen_vl(
     "qwen2_5_vl", "Qwen2.5-VL", "Qwen2_5_VLForConditionalGeneration", "Qwen2.5-VL", QWEN2_LAYOUT
 )
-QWEN3_VL = _qwen_vl("qwen3_vl", "Qwen3-VL", "Qwen3VLForConditionalGeneration", "Qwen3-VL-8B", QWEN3_LAYOUT)
+QWEN3_VL = _qwen_vl(
+    "qwen3_vl", "Qwen3-VL", "Qwen3VLForConditionalGeneration", "Qwen3-VL-8B", QWEN3_LAYOUT, byte_level=True,
+    tool_calls=True,
+)  # fmt: skip

@@ -12,15 +12,12 @@ every vocabulary word one token, with or without its leading space (`"Ġcolor"`)
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file, save_file
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
-    PreTrainedTokenizerFast,
     Qwen2VLImageProcessor,
     Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
@@ -33,9 +30,6 @@ from transformers import (
 )
 
 from ._common import (
-    DEFAULT_WORDS,
-    TAG_TOKENS,
-    UNK_TOKEN,
     BuildOptions,
     check_sizes,
     round_to_multiple,
@@ -49,6 +43,7 @@ from .qwen import (
     QWEN_NAMED_TOKENS,
     QWEN_SPECIAL_TOKENS,
     _mrope_section,
+    byte_level_tokenizer,
     qwen_family,
 )
 
@@ -61,51 +56,6 @@ VISION_HEADS = 2
 NUM_EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 16, 2, 2
-# Qwen3.5's pre-tokenizer split (as in `Qwen3_5Tokenizer`): contractions, letters with one leading non-letter,
-# single digits, punctuation runs with one leading space, newlines, spaces.
-QWEN3_5_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
-    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-
-
-def byte_level_tokenizer(
-    words: Sequence[str] | None = None, base_words: Sequence[str] = DEFAULT_WORDS
-) -> PreTrainedTokenizerFast:
-    """A byte-level BPE with Qwen3.5's pipeline in which every vocabulary word is one token (`"red"`, `"Ġred"`).
-
-    Args:
-        words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words; one holding punctuation
-            (`"Coca-Cola"`) is matched whole, like the tags.
-        base_words (`Sequence[str]`, defaults to `DEFAULT_WORDS`): the vocabulary before `words`.
-    """
-    vocabulary = list(dict.fromkeys([*base_words, *(words or ())]))
-    backend = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN3_5_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1_000_000,  # never reached: merging stops once every word is one token
-        min_frequency=1,
-        special_tokens=[*QWEN_SPECIAL_TOKENS, UNK_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator([*vocabulary, *(" " + w for w in vocabulary)], trainer)
-    glued = [w for w in vocabulary if not w.isalnum() and len(w) > 1]
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in [*TAG_TOKENS, *glued]])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        chat_template=QWEN_CHAT_TEMPLATE,
-        clean_up_tokenization_spaces=False,
-        unk_token=UNK_TOKEN,  # never produced (every byte is a token), but declared alike at every version
-        **QWEN_NAMED_TOKENS,
-    )
 
 
 def _processor(tokenizer: Any, side: int) -> Qwen3VLProcessor:

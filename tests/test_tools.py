@@ -1,0 +1,402 @@
+"""Multi-turn rollouts with tools: TRL's `tools`, `environment_factory` and `rollout_func` on a vision-language model.
+
+The tiny model of a family whose published chat template renders tool calls (its builder carries that template) is
+random: `generation_kwargs`' `sequence_bias` (a transformers sampling option, the same in both trainers) makes it
+write a tool call now and then, so that some rows call a tool, some do not, and some call one again after the
+result. The tools are real functions; one returns an image, which joins the row's images.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import color_rows, square_image
+from datasets import Dataset
+from transformers import AutoModelForImageTextToText
+from trl import GRPOConfig, GRPOTrainer
+
+from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer, get_model_family
+from vlm_grpo.errors import VLMGRPOError
+from vlm_grpo.testing import a_family_with
+from vlm_grpo.trl_options import TOOL_TEMPLATE_MESSAGE
+
+TOOLS_FAMILY = a_family_with(tool_calls=True)
+COMMON = dict(
+    max_steps=2,
+    per_device_train_batch_size=4,
+    num_generations=2,
+    max_completion_length=96,
+    max_tool_calling_iterations=2,
+    learning_rate=0.1,
+    optim="sgd",
+    logging_steps=1,
+    report_to="none",
+    bf16=False,
+    gradient_checkpointing=False,
+    save_strategy="no",
+    seed=0,
+    disable_tqdm=True,
+    use_cpu=True,
+)
+
+
+def zoom(region: int) -> list:
+    """Show one quarter of the image, enlarged.
+
+    Args:
+        region: the quarter, 0 to 3.
+    """
+    colour = ("red", "green", "blue", "yellow")[int(region) % 4]
+    return [
+        {"type": "image", "image": square_image(colour, 32)},
+        {"type": "text", "text": f"quarter {region}"},
+    ]
+
+
+def count(word: str) -> str:
+    """Count the letters of a word.
+
+    Args:
+        word: the word.
+    """
+    return str(len(word))
+
+
+def turns_reward(completions, **kwargs) -> list[float]:
+    """Rewards that vary within a group: the characters the model wrote, over every turn."""
+    return [
+        float(sum(len(m.get("content") or "") for m in c if m["role"] == "assistant")) for c in completions
+    ]
+
+
+def calls_bias(processor, call: str, start: float = 4.0) -> list:
+    """`sequence_bias` that starts `call` with a moderate bias and, once started, completes it."""
+    tokenizer = processor.tokenizer
+    ids = tokenizer(call, add_special_tokens=False)["input_ids"] + [
+        tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ]
+    return [[ids[: i + 1], start if i == 0 else 40.0] for i in range(len(ids))]
+
+
+@pytest.fixture(scope="module")
+def tools_model(tiny_model):
+    """`(path, processor, placeholders)` of the tool-calling family's tiny model."""
+    path = tiny_model(TOOLS_FAMILY)
+    family = get_model_family(path)
+    processor = family.load_processor(path)
+    config = AutoModelForImageTextToText.from_pretrained(path).config
+    return path, processor, family.placeholder_token_ids(processor, config)
+
+
+def train(trainer_cls, config_cls, tools_model, tmp_path, tools, call, **options):
+    path, processor, placeholders = tools_model
+    bias = calls_bias(processor, call)
+    args = config_cls(
+        output_dir=str(tmp_path / trainer_cls.__name__),
+        **{
+            **COMMON,
+            "generation_kwargs": {"suppress_tokens": placeholders, "sequence_bias": bias},
+            **options,
+        },
+    )
+    torch.manual_seed(0)
+    trainer = trainer_cls(
+        model=path, reward_funcs=turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)),
+        processing_class=processor, tools=tools,
+    )  # fmt: skip
+    trainer.train()
+    return trainer, [e for e in trainer.state.log_history if "loss" in e]
+
+
+def plain(completions) -> list:
+    """The logged completions with each tool image replaced by its size (images compare by identity otherwise)."""
+
+    def part(p):
+        return {**p, "image": p["image"].size} if p.get("type") == "image" else p
+
+    return [
+        [
+            {**m, "content": [part(p) for p in m["content"]]} if isinstance(m["content"], list) else m
+            for m in c
+        ]
+        for c in completions
+    ]
+
+
+CALLS = {
+    "image_result": ([zoom], '<tool_call>\n{"name": "zoom", "arguments": {"region": 2}}\n</tool_call>'),
+    "text_result": (
+        [zoom, count],
+        '<tool_call>\n{"name": "count", "arguments": {"word": "red"}}\n</tool_call>',
+    ),
+    "unknown_tool": ([count], '<tool_call>\n{"name": "rotate", "arguments": {"angle": 90}}\n</tool_call>'),
+}
+
+
+@pytest.mark.parametrize("case", list(CALLS))
+def test_tool_rollouts_match_trl(case, tools_model, tmp_path):
+    """Stock TRL's tool loop and ours, from one seed: the same completions (every turn, tool call and tool result),
+    the same metrics (`tools/*` and lengths of the model's tokens only), the same weights after two steps."""
+    tools, call = CALLS[case]
+    stock, stock_logs = train(GRPOTrainer, GRPOConfig, tools_model, tmp_path, tools, call)
+    ours, our_logs = train(VLMGRPOTrainer, VLMGRPOConfig, tools_model, tmp_path, tools, call)
+    completions = plain(ours._logs["completion"])
+    assert completions == plain(stock._logs["completion"])
+    calls = [m for c in completions for m in c if m.get("tool_calls")]
+    results = [m for c in completions for m in c if m["role"] == "tool"]
+    assert calls and results and our_logs[0]["tools/call_frequency"] > 0
+    if case == "unknown_tool":  # reported to the model as TRL reports it, and counted
+        assert our_logs[0]["tools/failure_frequency"] == 1.0 and "not found" in str(results[0]["content"])
+    else:  # some rows call a tool, some answer at once
+        assert any(not any(m["role"] == "tool" for m in c) for c in completions)
+    for stock_entry, our_entry in zip(stock_logs, our_logs, strict=True):
+        shared = [k for k in stock_entry if k in our_entry and "time" not in k]
+        assert {"loss", "grad_norm", "tools/call_frequency", "completions/mean_length"} <= set(shared)
+        for key in shared:
+            assert math.isclose(our_entry[key], stock_entry[key], rel_tol=1e-4, abs_tol=1e-5), key
+    stock_params = dict(stock.model.named_parameters())
+    for name, param in ours.model.named_parameters():
+        torch.testing.assert_close(param, stock_params[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_template_without_tool_calls_is_refused_in_one_line(tiny_model, tmp_path):
+    """A family whose template renders no tool calls: stock TRL refuses it; so do we, in one line that says which
+    templates can."""
+    path = tiny_model(a_family_with(tool_calls=False))
+    args = dict(output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False, report_to="none")
+    data = Dataset.from_list(color_rows(4))
+    with pytest.raises(ValueError, match="does not support tool calling"):
+        GRPOTrainer(
+            model=path, reward_funcs=turns_reward, args=GRPOConfig(**args), train_dataset=data, tools=[count]
+        )
+    with pytest.raises(VLMGRPOError) as error:
+        VLMGRPOTrainer(path, turns_reward, args=VLMGRPOConfig(**args), train_dataset=data, tools=[count])
+    assert str(error.value) == TOOL_TEMPLATE_MESSAGE and "\n" not in TOOL_TEMPLATE_MESSAGE
+
+
+def test_tool_results_are_masked_and_their_images_reach_the_forward(tools_model, tmp_path):
+    """A rollout whose tool returned an image: tool-result tokens are 0 in `tool_mask` (the loss leaves them out),
+    the row's image inputs hold the prompt's image and then the tool's, and the trainer's log-probs of the row equal
+    a plain forward of the model on the whole row with those images."""
+    path, processor, placeholders = tools_model
+    tools, call = CALLS["image_result"]
+    args = VLMGRPOConfig(
+        output_dir=str(tmp_path), **{**COMMON, "max_steps": 1},
+        generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call)},
+    )  # fmt: skip
+    trainer = VLMGRPOTrainer(
+        path, turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=tools
+    )
+    trainer.model.train()
+    rows = [r for r in color_rows(2) for _ in range(2)]
+    batch = trainer._generate_and_score_completions(rows)
+    image_token = trainer.family.image_token_id(processor)
+    with_tool = [i for i, m in enumerate(batch["tool_mask"]) if (m == 0).any()]
+    assert with_tool, "no row called the tool"
+    i = with_tool[0]
+    completion = batch["completion_ids"][i]
+    masked = batch["tool_mask"][i] == 0
+    assert (completion[masked] == image_token).any()  # the tool's image placeholders are tool-result tokens
+    assert not (
+        completion[~masked & batch["completion_mask"][i].bool()] == image_token
+    ).any()  # never sampled
+    grid = batch["image_inputs"][i]["image_grid_thw"]
+    assert grid.size(0) == 2  # the prompt's image, then the tool's
+    assert batch["sharing"].scoring is False and batch["sharing"].training is False  # full rows
+    ids = torch.cat([batch["prompt_ids"][i : i + 1], batch["completion_ids"][i : i + 1]], dim=1)
+    mask = torch.cat([batch["prompt_mask"][i : i + 1], batch["completion_mask"][i : i + 1]], dim=1)
+    with torch.no_grad():
+        ours = trainer._policy_logps(
+            trainer.model, ids, mask, completion.size(0), 1, [batch["image_inputs"][i]], batch["sharing"]
+        )[0]  # [C]
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        inputs = trainer.family.model_inputs(model.config, ids, mask, [batch["image_inputs"][i]])
+        logits = model(**inputs).logits[0, -completion.size(0) - 1 : -1]
+        plain_logps = torch.log_softmax(logits.float(), -1).gather(-1, completion[:, None])[:, 0]
+    keep = batch["completion_mask"][i].bool()
+    torch.testing.assert_close(ours[keep], plain_logps[keep], atol=1e-5, rtol=0)
+
+
+class Canvas:
+    """An environment: `reset` tells the row's colour, `look` is its tool, `get_reward` counts the looks."""
+
+    def reset(self, solution: str | None = None, **kwargs) -> str:
+        self.solution, self.looks = solution, 0
+        return f" The square is {solution} ."
+
+    def look(self, region: int) -> str:
+        """Look at one quarter of the image.
+
+        Args:
+            region: the quarter, 0 to 3.
+        """
+        self.looks += 1
+        return f"quarter {region} is {self.solution}"
+
+    def get_reward(self) -> float:
+        return float(self.looks)
+
+
+LOOK = '<tool_call>\n{"name": "look", "arguments": {"region": 1}}\n</tool_call>'
+
+
+def test_environments_match_trl(tools_model, tmp_path):
+    """`environment_factory`: each row's environment is reset with the row (its observation joins the prompt), its
+    methods are the row's tools, and its `get_reward` is a reward: the same rollouts, rewards and weights as TRL."""
+    runs = {}
+    for trainer_cls, config_cls in ((GRPOTrainer, GRPOConfig), (VLMGRPOTrainer, VLMGRPOConfig)):
+        path, processor, placeholders = tools_model
+        args = config_cls(
+            output_dir=str(tmp_path / trainer_cls.__name__), **COMMON,
+            generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, LOOK)},
+        )  # fmt: skip
+        torch.manual_seed(0)
+        trainer = trainer_cls(
+            model=path, reward_funcs=turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)),
+            processing_class=processor, environment_factory=Canvas,
+        )  # fmt: skip
+        trainer.train()
+        runs[trainer_cls] = trainer, [e for e in trainer.state.log_history if "loss" in e]
+    (stock, stock_logs), (ours, our_logs) = runs[GRPOTrainer], runs[VLMGRPOTrainer]
+    assert plain(ours._logs["completion"]) == plain(stock._logs["completion"])
+    assert all("The square is" in str(p) for p in ours._logs["prompt"])
+    # a look whose result was rolled back (too long for the completion) still counted: TRL runs the tool first
+    looks = [sum(m["role"] == "tool" for m in c) for c in ours._logs["completion"]]
+    rewards = list(ours._logs["rewards"]["Canvas"])
+    assert rewards == list(stock._logs["rewards"]["Canvas"]) and any(looks)
+    assert all(r >= n for r, n in zip(rewards, looks, strict=True))
+    for stock_entry, our_entry in zip(stock_logs, our_logs, strict=True):
+        for key in ("loss", "grad_norm", "rewards/Canvas/mean", "tools/call_frequency"):
+            assert math.isclose(our_entry[key], stock_entry[key], rel_tol=1e-4, abs_tol=1e-5), key
+    stock_params = dict(stock.model.named_parameters())
+    for name, param in ours.model.named_parameters():
+        torch.testing.assert_close(param, stock_params[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def scripted_rollout(prompts, trainer):
+    """A `rollout_func`: the trainer's prompt encoding, one scripted answer per row, its last token masked out, and a
+    field for the rewards."""
+    processor = trainer.processing_class
+    prompt_ids = [
+        processor.apply_chat_template(p, add_generation_prompt=True, tokenize=True)[0] for p in prompts
+    ]
+    answer = processor.tokenizer(" red", add_special_tokens=False)["input_ids"] + [trainer.eos_token_ids[0]]
+    completions = [answer[: 1 + i % 2] + answer[-1:] for i in range(len(prompts))]
+    return {
+        "prompt_ids": prompt_ids,
+        "completion_ids": completions,
+        "logprobs": [[0.0] * len(c) for c in completions],
+        "env_mask": [[1] * (len(c) - 1) + [0] for c in completions],
+        "origin": [f"script {i}" for i in range(len(prompts))],
+    }
+
+
+def test_rollout_func_fields_reach_the_rewards(tools_model, tmp_path):
+    """`rollout_func`: its completions are trained on, `env_mask` masks tokens out of the loss, and its other fields
+    reach the rewards as columns."""
+    path, processor, _ = tools_model
+    seen = []
+
+    def origin_reward(completions, origin, **kwargs):
+        seen.extend(origin)
+        return [float(len(c[0]["content"])) for c in completions]
+
+    args = VLMGRPOConfig(output_dir=str(tmp_path), **{**COMMON, "max_steps": 1, "learning_rate": 1e-2})
+    trainer = VLMGRPOTrainer(
+        path,
+        origin_reward,
+        args=args,
+        train_dataset=Dataset.from_list(color_rows(8)),
+        rollout_func=scripted_rollout,
+    )
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([r for r in color_rows(2) for _ in range(2)])
+    assert seen == [f"script {i}" for i in range(4)]
+    lengths = batch["completion_mask"].sum(1).tolist()
+    assert lengths == [2, 3, 2, 3] and batch["tool_mask"][0, :2].tolist() == [1, 0]
+    trainer.train()
+    assert math.isfinite(trainer.state.log_history[0]["loss"])
+
+
+def test_rollout_func_must_encode_images_as_the_trainer_does(tools_model, tmp_path):
+    """A prompt with an image whose ids do not expand it (the tokenizer's template alone) cannot get image inputs
+    that fit: one line saying how to render it."""
+    path, processor, _ = tools_model
+
+    def unexpanded(prompts, trainer):
+        output = scripted_rollout(prompts, trainer)
+        output["prompt_ids"] = [ids[:-3] for ids in output["prompt_ids"]]
+        return output
+
+    args = VLMGRPOConfig(output_dir=str(tmp_path), **{**COMMON, "max_steps": 1})
+    trainer = VLMGRPOTrainer(
+        path, turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)), rollout_func=unexpanded
+    )
+    trainer.model.train()
+    with pytest.raises(VLMGRPOError, match="row 0's prompt_ids .* are not the trainer's encoding") as error:
+        trainer._generate_and_score_completions([r for r in color_rows(2) for _ in range(2)])
+    assert "\n" not in str(error.value) and "apply_chat_template" in str(error.value)
+
+
+def test_dynamic_sampling_and_the_samples_log_with_tools(tools_model, tmp_path):
+    """Dynamic sampling keeps whole multi-turn rows (their tool masks and tool images with them), and the samples log
+    shows each turn: the call, the tool's result, the answer."""
+    path, processor, placeholders = tools_model
+    tools, call = CALLS["image_result"]
+    args = VLMGRPOConfig(
+        output_dir=str(tmp_path), **{**COMMON, "max_steps": 1}, dynamic_sampling=True, log_samples_steps=1,
+        generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call)},
+    )  # fmt: skip
+    flat_for_red = lambda completions, solution, **kwargs: [  # noqa: E731
+        1.0 if s == "red" else turns_reward([c])[0] for c, s in zip(completions, solution, strict=True)
+    ]
+    trainer = VLMGRPOTrainer(
+        path, flat_for_red, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=tools
+    )
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(
+        [r for r in color_rows(2) for _ in range(2)]
+    )  # red, green
+    assert batch["tool_mask"].shape == batch["completion_ids"].shape
+    tool_rows = (batch["tool_mask"] == 0).any(1)
+    for i, row in enumerate(batch["image_inputs"]):  # a row with a tool result holds the tool's image too
+        assert (row["image_grid_thw"].size(0) == 2) == bool(tool_rows[i])
+    trainer.train()
+    from vlm_grpo.commands.samples import read_samples
+
+    texts = [t for r in read_samples(tmp_path) for t in r["completions"]]
+    assert any("zoom(" in t and "[zoom -> [image] quarter 2]" in t for t in texts), texts
+
+
+def test_a_checkpoint_holds_the_multi_turn_rollout(tools_model, tmp_path):
+    """The buffered micro-batches of a tool rollout (tool masks, rows with their own image inputs) come back from a
+    checkpoint as they were, rows of a group still sharing one image dict."""
+    from vlm_grpo.rollout_buffer import load_rollout, save_rollout
+
+    path, processor, placeholders = tools_model
+    tools, call = CALLS["image_result"]
+    args = VLMGRPOConfig(
+        output_dir=str(tmp_path), **{**COMMON, "max_steps": 1},
+        generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call)},
+    )  # fmt: skip
+    trainer = VLMGRPOTrainer(
+        path, turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=tools
+    )
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([r for r in color_rows(2) for _ in range(2)])
+    plan = batch.pop("sharing")
+    buffered = [{**batch, "sharing": plan}]
+    save_rollout(tmp_path, 0, 1, buffered)
+    step, loaded = load_rollout(tmp_path, 0, torch.device("cpu"))
+    assert step == 1 and loaded[0]["sharing"] == plan
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(loaded[0][key], value), key
+    rows, back = batch["image_inputs"], loaded[0]["image_inputs"]
+    assert any(r["image_grid_thw"].size(0) == 2 for r in rows)
+    for i, (a, b) in enumerate(zip(rows, back, strict=True)):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        if i and rows[i] is rows[i - 1]:
+            assert back[i] is back[i - 1]
