@@ -395,3 +395,19 @@ def test_samples_page_keeps_a_bounded_number_of_groups_and_small_images(tmp_path
     samples_main([str(tmp_path), "--output", str(tmp_path / "two.html"), "--max_groups", "2", "--last", "1"])
     two = (tmp_path / "two.html").read_text()
     assert two.count('class="group"') == 2 and "2 of 3 prompt groups of this step shown" in two
+
+
+def test_plot_draws_the_tool_calls_of_a_run_with_tools():
+    """A run with tools logs `tools/*`: a panel shows the calls per completion and the failures per call."""
+    from vlm_grpo.commands.plot import curve_panels
+
+    entries = [
+        {"step": s, "reward": 0.1 * s, "tools/call_frequency": 0.5 + 0.1 * s, "tools/failure_frequency": 0.0}
+        for s in (1, 2)
+    ]
+    panels = {title: series for series, title, _, _ in curve_panels(entries)}
+    assert panels["tool calls"] == {
+        "calls per completion": "tools/call_frequency",
+        "failures per call": "tools/failure_frequency",
+    }
+    assert "tool calls" not in {title for _, title, _, _ in curve_panels([{"step": 1, "reward": 0.1}])}

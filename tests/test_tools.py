@@ -400,3 +400,28 @@ def test_a_checkpoint_holds_the_multi_turn_rollout(tools_model, tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         if i and rows[i] is rows[i - 1]:
             assert back[i] is back[i - 1]
+
+
+def test_a_tool_result_past_the_completion_budget_is_rolled_back_with_one_log_line(
+    tools_model, tmp_path, caplog
+):
+    """A tool image that would push the row past max_completion_length is dropped and the row ends on its call, as
+    TRL does; the trainer says so in one line."""
+    path, processor, placeholders = tools_model
+    tools, call = CALLS["image_result"]
+    args = VLMGRPOConfig(
+        output_dir=str(tmp_path), **{**COMMON, "max_steps": 1, "max_completion_length": 40},
+        generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call)},
+    )  # fmt: skip
+    trainer = VLMGRPOTrainer(
+        path, turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=tools
+    )
+    trainer.model.train()
+    with caplog.at_level("INFO", logger="vlm_grpo.trainer"):
+        batch = trainer._generate_and_score_completions([r for r in color_rows(2) for _ in range(2)])
+    completions = list(trainer._logs["completion"])
+    called = [c for c in completions if c[-1].get("tool_calls")]
+    assert called and not any(m["role"] == "tool" for c in completions for m in c)  # every result rolled back
+    assert (batch["tool_mask"] == 1).all()  # no tool-result token was kept
+    lines = [r.getMessage() for r in caplog.records if "without its result" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0] and lines[0].startswith(f"{len(called)} of 4 completions")

@@ -459,6 +459,13 @@ class VLMGRPOTrainer(GRPOTrainer):
         )  # calls, failures, rows over every process
         for name, value in tool_metrics(*counts.tolist()).items():
             self._metrics[mode][name].append(value)
+        unanswered = sum(bool(c[-1].get("tool_calls")) for c in completions)
+        if unanswered and self.accelerator.is_main_process:
+            logger.info(
+                f"{unanswered} of {len(rows)} completions end on a tool call without its result: the result would have "
+                f"passed max_completion_length ({self.max_completion_length}) or the model's context (rolled back, as "
+                f"TRL does), or max_tool_calling_iterations was reached."
+            )
         return replace(
             sampled, completion_ids=completion_ids, completions=completions, sampling_logps=logps,
             tool_mask=tool_mask, tool_images=tool_images,

@@ -6,8 +6,8 @@
 The newest state wins: `RUN_DIR/trainer_state.json` (written by `trainer.save_state()` at the end of training)
 or the `RUN_DIR/checkpoint-*/trainer_state.json` with the largest `global_step`. Panels, against the step:
 reward per reward function, total reward, accuracy (every accuracy-style reward: `accuracy`, `iou`,
-`choice_accuracy`, `math_accuracy`, `geo3k`), completion length, KL and entropy. Panels that would draw the same
-series are merged (with one reward, the reward panel is also its per-function and, for an accuracy reward, its
+`choice_accuracy`, `math_accuracy`, `geo3k`), completion length, tool calls (a run with tools), KL and entropy.
+Panels that would draw the same series are merged (with one reward, the reward panel is also its per-function and, for an accuracy reward, its
 accuracy panel), and a near-constant series is drawn on a sane scale instead of its rounding noise.
 
 When the run evaluated (`eval_data_config` with `eval_strategy` / `eval_steps`), its `eval_*` log entries are drawn
@@ -255,6 +255,9 @@ def curve_panels(entries: list[dict[str, Any]]) -> list[tuple[dict[str, str], st
         panels.append(({"reward": "reward"}, "total reward", "not logged", False))
         panels.append((accuracy, "accuracy", f"no accuracy reward ({', '.join(ACCURACY_REWARDS)})", True))
     panels.append(({"mean": "completions/mean_length"}, "completion length (tokens)", "not logged", False))
+    if "tools/call_frequency" in keys:  # a run with tools: how often the model calls them, and how often they fail
+        calls = {"calls per completion": "tools/call_frequency", "failures per call": "tools/failure_frequency"}
+        panels.append((calls, "tool calls", "not logged", True))
     panels.append(({"kl": "kl"}, "KL to the reference", "not logged (beta = 0)", False))
     panels.append(({"entropy": "entropy"}, "entropy", "not logged", False))
     logged = set(keys)
