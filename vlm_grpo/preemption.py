@@ -14,6 +14,7 @@ even when the signal reached only some of them, or reached them between two diff
 
 from __future__ import annotations
 
+import inspect
 import logging
 import signal
 from collections.abc import Iterator, Sequence
@@ -134,7 +135,7 @@ class PreemptionCallback(TrainerCallback):
 
 def _owner(handler: object) -> object:
     """The object a bound-method signal handler belongs to, or None."""
-    return getattr(handler, "__self__", None)
+    return handler.__self__ if inspect.ismethod(handler) else None
 
 
 def preempted_step(callbacks: Sequence[TrainerCallback]) -> int | None:

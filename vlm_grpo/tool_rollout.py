@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from types import MethodType
 from typing import Any
 
 import torch
@@ -95,8 +96,8 @@ def reset_environments(
 def environment_methods(environment: Any) -> list[Callable]:
     """The public methods of an environment that are tools (all but `reset` and `get_reward`), as TRL lists them."""
     return [
-        getattr(environment, name)
-        for name, _ in inspect.getmembers(type(environment), predicate=inspect.isfunction)
+        MethodType(function, environment)
+        for name, function in inspect.getmembers(type(environment), predicate=inspect.isfunction)
         if name not in ("reset", "get_reward") and not name.startswith("_")
     ]
 
