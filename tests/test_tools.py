@@ -135,6 +135,26 @@ CALLS = {
 }
 
 
+def zoom_rollout_trainer(tools_model, tmp_path, reward=turns_reward, **options) -> VLMGRPOTrainer:
+    """Our trainer with the zoom tool (its calls elicited), in training mode, ready for one rollout."""
+    path, processor, placeholders = tools_model
+    tools, call = CALLS["image_result"]
+    args = VLMGRPOConfig(
+        output_dir=str(tmp_path), **{**COMMON, "max_steps": 1, **options},
+        generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call)},
+    )  # fmt: skip
+    trainer = VLMGRPOTrainer(
+        path, reward, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=tools
+    )
+    trainer.model.train()
+    return trainer
+
+
+def two_groups() -> list[dict]:
+    """A generation batch of two prompts (red, green), two rows each."""
+    return [r for r in color_rows(2) for _ in range(2)]
+
+
 @pytest.mark.parametrize("case", list(CALLS))
 def test_tool_rollouts_match_trl(case, tools_model, tmp_path):
     """Stock TRL's tool loop and ours, from one seed: the same completions (every turn, tool call and tool result),
@@ -180,18 +200,9 @@ def test_tool_results_are_masked_and_their_images_reach_the_forward(tools_model,
     """A rollout whose tool returned an image: tool-result tokens are 0 in `tool_mask` (the loss leaves them out),
     the row's image inputs hold the prompt's image and then the tool's, and the trainer's log-probs of the row equal
     a plain forward of the model on the whole row with those images."""
-    path, processor, placeholders = tools_model
-    tools, call = CALLS["image_result"]
-    args = VLMGRPOConfig(
-        output_dir=str(tmp_path), **{**COMMON, "max_steps": 1},
-        generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call)},
-    )  # fmt: skip
-    trainer = VLMGRPOTrainer(
-        path, turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=tools
-    )
-    trainer.model.train()
-    rows = [r for r in color_rows(2) for _ in range(2)]
-    batch = trainer._generate_and_score_completions(rows)
+    processor = tools_model[1]
+    trainer = zoom_rollout_trainer(tools_model, tmp_path)
+    batch = trainer._generate_and_score_completions(two_groups())
     image_token = trainer.family.image_token_id(processor)
     with_tool = [i for i, m in enumerate(batch["tool_mask"]) if (m == 0).any()]
     assert with_tool, "no row called the tool"
@@ -312,7 +323,7 @@ def test_rollout_func_fields_reach_the_rewards(tools_model, tmp_path):
         rollout_func=scripted_rollout,
     )
     trainer.model.train()
-    batch = trainer._generate_and_score_completions([r for r in color_rows(2) for _ in range(2)])
+    batch = trainer._generate_and_score_completions(two_groups())
     assert seen == [f"script {i}" for i in range(4)]
     lengths = batch["completion_mask"].sum(1).tolist()
     assert lengths == [2, 3, 2, 3] and batch["tool_mask"][0, :2].tolist() == [1, 0]
@@ -336,29 +347,20 @@ def test_rollout_func_must_encode_images_as_the_trainer_does(tools_model, tmp_pa
     )
     trainer.model.train()
     with pytest.raises(VLMGRPOError, match="row 0's prompt_ids .* are not the trainer's encoding") as error:
-        trainer._generate_and_score_completions([r for r in color_rows(2) for _ in range(2)])
+        trainer._generate_and_score_completions(two_groups())
     assert "\n" not in str(error.value) and "apply_chat_template" in str(error.value)
 
 
 def test_dynamic_sampling_and_the_samples_log_with_tools(tools_model, tmp_path):
     """Dynamic sampling keeps whole multi-turn rows (their tool masks and tool images with them), and the samples log
     shows each turn: the call, the tool's result, the answer."""
-    path, processor, placeholders = tools_model
-    tools, call = CALLS["image_result"]
-    args = VLMGRPOConfig(
-        output_dir=str(tmp_path), **{**COMMON, "max_steps": 1}, dynamic_sampling=True, log_samples_steps=1,
-        generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call)},
-    )  # fmt: skip
     flat_for_red = lambda completions, solution, **kwargs: [  # noqa: E731
         1.0 if s == "red" else turns_reward([c])[0] for c, s in zip(completions, solution, strict=True)
     ]
-    trainer = VLMGRPOTrainer(
-        path, flat_for_red, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=tools
+    trainer = zoom_rollout_trainer(
+        tools_model, tmp_path, reward=flat_for_red, dynamic_sampling=True, log_samples_steps=1
     )
-    trainer.model.train()
-    batch = trainer._generate_and_score_completions(
-        [r for r in color_rows(2) for _ in range(2)]
-    )  # red, green
+    batch = trainer._generate_and_score_completions(two_groups())  # red (flat), green
     assert batch["tool_mask"].shape == batch["completion_ids"].shape
     tool_rows = (batch["tool_mask"] == 0).any(1)
     for i, row in enumerate(batch["image_inputs"]):  # a row with a tool result holds the tool's image too
@@ -375,17 +377,8 @@ def test_a_checkpoint_holds_the_multi_turn_rollout(tools_model, tmp_path):
     checkpoint as they were, rows of a group still sharing one image dict."""
     from vlm_grpo.rollout_buffer import load_rollout, save_rollout
 
-    path, processor, placeholders = tools_model
-    tools, call = CALLS["image_result"]
-    args = VLMGRPOConfig(
-        output_dir=str(tmp_path), **{**COMMON, "max_steps": 1},
-        generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call)},
-    )  # fmt: skip
-    trainer = VLMGRPOTrainer(
-        path, turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=tools
-    )
-    trainer.model.train()
-    batch = trainer._generate_and_score_completions([r for r in color_rows(2) for _ in range(2)])
+    trainer = zoom_rollout_trainer(tools_model, tmp_path)
+    batch = trainer._generate_and_score_completions(two_groups())
     plan = batch.pop("sharing")
     buffered = [{**batch, "sharing": plan}]
     save_rollout(tmp_path, 0, 1, buffered)
@@ -407,18 +400,9 @@ def test_a_tool_result_past_the_completion_budget_is_rolled_back_with_one_log_li
 ):
     """A tool image that would push the row past max_completion_length is dropped and the row ends on its call, as
     TRL does; the trainer says so in one line."""
-    path, processor, placeholders = tools_model
-    tools, call = CALLS["image_result"]
-    args = VLMGRPOConfig(
-        output_dir=str(tmp_path), **{**COMMON, "max_steps": 1, "max_completion_length": 40},
-        generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call)},
-    )  # fmt: skip
-    trainer = VLMGRPOTrainer(
-        path, turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=tools
-    )
-    trainer.model.train()
+    trainer = zoom_rollout_trainer(tools_model, tmp_path, max_completion_length=40)
     with caplog.at_level("INFO", logger="vlm_grpo.trainer"):
-        batch = trainer._generate_and_score_completions([r for r in color_rows(2) for _ in range(2)])
+        batch = trainer._generate_and_score_completions(two_groups())
     completions = list(trainer._logs["completion"])
     called = [c for c in completions if c[-1].get("tool_calls")]
     assert called and not any(m["role"] == "tool" for c in completions for m in c)  # every result rolled back
