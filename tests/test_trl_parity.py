@@ -592,10 +592,11 @@ def test_vllm_sampling_logps_are_kept(qwen, tmp_path):
         train_dataset=color_dataset(4),
         processing_class=processor,
     )
-    from vlm_grpo.rollout import load_rows
+    from vlm_grpo.rollout import Sampled, load_rows
 
     encoded = trainer._encode_prompts(load_rows(color_rows(2)))
-    batch = trainer._pad_batch(encoded, [[5, 6, 7], [5]], [[-0.1, None, -0.3], [-0.5]])
+    sampled = Sampled(color_rows(2), encoded, [[5, 6, 7], [5]], [[-0.1, None, -0.3], [-0.5]], [], False)
+    batch = trainer._pad_batch(sampled)
     logps = batch["sampling_per_token_logps"]  # [B, C]
     assert logps.shape == (2, 3) and torch.isnan(logps[0, 1]) and logps[1, 0] == -0.5 and logps[1, 1] == 0.0
 
