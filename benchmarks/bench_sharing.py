@@ -68,7 +68,8 @@ def main() -> None:
         "--points", type=int, nargs="*", default=None, help="indices into GRID (default: all)"
     )
     opts = parser.parse_args()
-    opts.bf16, opts.generation = False, "transformers"  # fp32, generate: `bench_grpo.build_trainer` reads them
+    # fp32, generate: `bench_grpo.build_trainer` reads them
+    opts.bf16, opts.generation = False, "transformers"
     points = range(len(GRID)) if opts.points is None else opts.points
     if not all(0 <= i < len(GRID) for i in points):
         parser.error(f"--points must be indices from 0 to {len(GRID) - 1}")

@@ -123,9 +123,21 @@ def test_vllm_expands_the_payload_into_the_trained_prompt(shape, family_run):
     assert all(0 < n <= 4 for n in result["completion_lengths"])
 
 
+@pytest.mark.parametrize("shape", FAMILIES)
+def test_cpu_attention_over_images_is_named(shape, family_run):
+    """vLLM's CPU attention attends causally over image tokens: the trainer says so once for the families that attend
+    bidirectionally among an image's tokens, and never for the others."""
+    from vllm.platforms import current_platform
+
+    result = trained(family_run(shape))
+    named = result["stderr"].count("vLLM's CPU attention attends causally over image tokens")
+    assert named == int(current_platform.is_cpu() and tiny_family(shape).bidirectional_images)
+
+
 @pytest.mark.parametrize("shape", known_gap("sync"))
 def test_weight_sync_reaches_vllm(shape, family_run):
-    """After a step, vLLM scores a completion as the trainer does once the weights are synced, not before."""
+    """After a step, vLLM scores a completion as the trainer does once the weights are synced, not before (the
+    trainer attending over image tokens as vLLM's attention does, see `vllm_worker.vllm_attends_images_causally`)."""
     result = trained(family_run(shape))
     if tiny_family(shape).moe:  # routing ties in bfloat16 (see MOE_SYNC_TOLERANCE)
         assert result["after_sync"] < MOE_SYNC_TOLERANCE, result["tokens"]

@@ -13,7 +13,9 @@ a fresh process per family keeps the engines and their process groups apart. Wri
 - `log_history`: the trainer's logs of 2 colocate steps (the importance-sampling correction on, TRL's default).
 - `before_sync` / `after_sync`: the largest gap between vLLM's and the trainer's log-prob of each token of one
   completion, scored by vLLM before and after `sync_vllm_weights()` (the trainer is one step ahead of vLLM before);
-  `tokens`: the three log-probs of each token.
+  `tokens`: the three log-probs of each token. On vLLM's CPU backend the trainer's log-probs attend causally over
+  image tokens as vLLM's CPU attention does (`causal_images`); `model_mask_gap` is the gap after the sync to the
+  trainer's own mask (larger for the families that attend bidirectionally among an image's tokens).
 - `base_gap` (with `lora`, which trains a LoRA adapter): the gap between vLLM after the sync and the base model with
   the adapter disabled; TRL merges the adapter into the weights it syncs, so `after_sync` is small and this is not.
 
@@ -35,16 +37,27 @@ from pathlib import Path
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-def trainer_logps(trainer, encoded, completion: list[int]) -> list[float]:
-    """The trainer model's log-prob of each token of `completion` after the processor-expanded prompt."""
+def trainer_logps(trainer, encoded, completion: list[int], causal_images: bool = False) -> list[float]:
+    """The trainer model's log-prob of each token of `completion` after the processor-expanded prompt (with
+    `causal_images`, attending causally over image tokens as vLLM's CPU attention does)."""
     import torch
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     ids = torch.tensor([encoded.input_ids + completion])
-    inputs = trainer.family.model_inputs(model.config, ids, torch.ones_like(ids), [encoded.image_inputs])
+    inputs = trainer.family.model_inputs(
+        model.config, ids, torch.ones_like(ids), [encoded.image_inputs], causal_images=causal_images
+    )
     with torch.no_grad():
         logits = model(**inputs).logits[0, -len(completion) - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+def vllm_attends_images_causally() -> bool:
+    """Whether vLLM attends causally over image tokens whatever the model's mask: its CPU attention has no
+    multimodal-prefix mask (see `vlm_grpo.vllm_payload.warn_vllm_cpu_image_mask`)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def vllm_logps(llm, payload_input: dict, completion: list[int]) -> list[float]:
@@ -113,7 +126,7 @@ def server_checks(trainer, rows: list[dict], encoded: list, before: dict[str, fl
     (completion,) = client.generate([ids], features=[features], max_tokens=4, generation_kwargs=settings)[
         "completion_ids"
     ]
-    ours = trainer_logps(trainer, encoded[0], completion)
+    ours = trainer_logps(trainer, encoded[0], completion, causal_images=vllm_attends_images_causally())
     result = {
         "local_engine": hasattr(generation, "llm"),
         "server_requests": after["requests"] - before["requests"],
@@ -205,7 +218,7 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
         "log_history": trainer.state.log_history,
     }
     completion = list(outputs[0].outputs[0].token_ids)
-    ours = trainer_logps(trainer, encoded[0], completion)
+    ours = trainer_logps(trainer, encoded[0], completion, causal_images=vllm_attends_images_causally())
     before = vllm_logps(llm, inputs[0], completion)
     result["before_sync"] = gap(before, ours)
     trainer.sync_vllm_weights()
@@ -216,9 +229,13 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
         "before_sync": before,
         "after_sync": synced,
     }  # per token, for the record
+    result["model_mask_gap"] = gap(synced, trainer_logps(trainer, encoded[0], completion))
     if lora:
         with trainer.accelerator.unwrap_model(trainer.model).disable_adapter():
-            result["base_gap"] = gap(synced, trainer_logps(trainer, encoded[0], completion))
+            result["base_gap"] = gap(
+                synced,
+                trainer_logps(trainer, encoded[0], completion, causal_images=vllm_attends_images_causally()),
+            )
     result_file.write_text(json.dumps(result))
     finish_processes(trainer.release_process_groups)  # as `vlm-grpo train` ends
 

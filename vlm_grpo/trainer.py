@@ -84,6 +84,7 @@ from .vllm_payload import (
     check_vllm_architecture,
     check_vllm_cpu_attention,
     vllm_generate_kwargs,
+    warn_vllm_cpu_image_mask,
 )
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         if args.use_vllm:
             check_vllm_architecture(family)
             check_vllm_cpu_attention(family, model.config, args.device, model.name_or_path)
+            warn_vllm_cpu_image_mask(family, model.config, args.device)
             if args.vllm_mode == "colocate":  # on a CPU, vLLM's packed weights could not take the weight sync
                 keep_linear_weights_plain()
         with setup.trl_view_of(args, builds_reference, placeholders, model) as hidden_tie:

@@ -22,6 +22,7 @@ Training keeps the processor-expanded ids and image tensors; only the completion
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,8 @@ if TYPE_CHECKING:  # TRL and transformers are imported where they are used: the 
     from transformers import PretrainedConfig
 
     from .models import ModelFamily
+
+logger = logging.getLogger(__name__)
 
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head dims that vLLM 0.31's CPU attention backend runs (`CPUAttentionBackend.get_supported_head_sizes()`
@@ -236,3 +239,33 @@ def check_vllm_cpu_attention(
                 "(a `vlm-grpo tiny-model` folder has head dim hidden_size / 4: rebuild it with the default "
                 "--hidden_size 256)."
             )
+
+
+def warn_vllm_cpu_image_mask(
+    family: ModelFamily, config: PretrainedConfig, device: torch.device | str
+) -> bool:
+    """Log one warning, when `device` is a CPU, if the model attends bidirectionally among an image's tokens.
+
+    vLLM's CPU attention backend has no multimodal-prefix mask (`supports_mm_prefix()` is False, and the CPU platform
+    selects it anyway): it attends causally over image tokens where Gemma 3 and Gemma 4 attend bidirectionally among
+    them, so its log-probs of a prompt with images differ from the trainer's by more than rounding (a tenth or two on
+    the tiny models). Training is unchanged: the trainer computes every log-prob it learns from, and TRL's
+    importance-sampling correction weighs the difference. On a GPU, vLLM's attention applies the mask.
+
+    Args:
+        family (`ModelFamily`): the family's module (`ModelFamily.bidirectional_image_attention`).
+        config (`PretrainedConfig`): the model's config.
+        device (`torch.device | str`): the device training runs on (`TrainingArguments.device`).
+
+    Returns:
+        `bool`: whether the warning was logged.
+    """
+    if str(device).split(":")[0] != "cpu" or not family.bidirectional_image_attention(config):
+        return False
+    logger.warning(
+        "vLLM's CPU attention attends causally over image tokens, where %s attends bidirectionally among each "
+        "image's tokens: vLLM's log-probs of prompts with images differ from the trainer's (TRL's importance-sampling "
+        "correction weighs it; on a GPU vLLM applies the model's mask).",
+        family.model_type,
+    )
+    return True

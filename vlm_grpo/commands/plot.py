@@ -255,8 +255,12 @@ def curve_panels(entries: list[dict[str, Any]]) -> list[tuple[dict[str, str], st
         panels.append(({"reward": "reward"}, "total reward", "not logged", False))
         panels.append((accuracy, "accuracy", f"no accuracy reward ({', '.join(ACCURACY_REWARDS)})", True))
     panels.append(({"mean": "completions/mean_length"}, "completion length (tokens)", "not logged", False))
-    if "tools/call_frequency" in keys:  # a run with tools: how often the model calls them, and how often they fail
-        calls = {"calls per completion": "tools/call_frequency", "failures per call": "tools/failure_frequency"}
+    # a run with tools: how often the model calls them, and how often they fail
+    if "tools/call_frequency" in keys:
+        calls = {
+            "calls per completion": "tools/call_frequency",
+            "failures per call": "tools/failure_frequency",
+        }
         panels.append((calls, "tool calls", "not logged", True))
     panels.append(({"kl": "kl"}, "KL to the reference", "not logged (beta = 0)", False))
     panels.append(({"entropy": "entropy"}, "entropy", "not logged", False))

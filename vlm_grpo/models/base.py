@@ -305,12 +305,22 @@ class ModelFamily:
         """Per-token inputs the family derives from the ids (e.g. which tokens are image tokens). None by default."""
         return {}
 
+    def bidirectional_image_attention(self, model_config: Any) -> bool:
+        """Whether the language model attends bidirectionally among each image's tokens, a mask its token types
+        (`token_type_inputs`) carry and nothing else. False by default: causal attention over every token.
+
+        Args:
+            model_config (`PretrainedConfig`): the model's config.
+        """
+        return False
+
     def model_inputs(
         self,
         model_config: Any,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         image_inputs: Sequence[dict[str, torch.Tensor]],
+        causal_images: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Inputs for `generate` or `forward` of a batch.
 
@@ -319,13 +329,17 @@ class ModelFamily:
             input_ids (`torch.Tensor`): `[B, L]` token ids (left-padded prompts, maybe followed by completions).
             attention_mask (`torch.Tensor`): `[B, L]`.
             image_inputs (`Sequence[dict]`): the per-sample image tensors of the same B samples, in order.
+            causal_images (`bool`, *optional*, defaults to `False`): attend causally over image tokens where the
+                model attends bidirectionally among them (`bidirectional_image_attention`), as vLLM's CPU attention
+                does (see `vlm_grpo.vllm_payload.check_vllm_cpu_attention`).
         """
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         images = self.collate(image_inputs)
         if images:
             device = input_ids.device
             inputs.update({k: v.to(device) for k, v in images.items()})
-            inputs.update(self.token_type_inputs(input_ids, model_config))
+            if not (causal_images and self.bidirectional_image_attention(model_config)):
+                inputs.update(self.token_type_inputs(input_ids, model_config))
         return inputs
 
     # ----------------------------------------------------------------------------------------- image encoder

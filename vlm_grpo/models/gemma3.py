@@ -67,3 +67,7 @@ class Gemma3Family(ModelFamily):
     def token_type_inputs(self, input_ids: torch.Tensor, model_config: Any) -> dict[str, torch.Tensor]:
         """`token_type_ids` `[B, L]`: 1 on image soft tokens (bidirectional attention among them), 0 elsewhere."""
         return {"token_type_ids": (input_ids == model_config.image_token_id).long()}
+
+    def bidirectional_image_attention(self, model_config: Any) -> bool:
+        """Gemma 3 attends bidirectionally among each image's soft tokens."""
+        return True

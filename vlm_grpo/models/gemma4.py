@@ -107,3 +107,8 @@ class Gemma4Family(ModelFamily):
     def token_type_inputs(self, input_ids: torch.Tensor, model_config: Any) -> dict[str, torch.Tensor]:
         """`mm_token_type_ids` `[B, L]`: 1 on image soft tokens (bidirectional attention among them), 0 elsewhere."""
         return {"mm_token_type_ids": (input_ids == model_config.image_token_id).long()}
+
+    def bidirectional_image_attention(self, model_config: Any) -> bool:
+        """Gemma 4 attends bidirectionally among each image's soft tokens where its text config says
+        `use_bidirectional_attention: vision` (the published vision checkpoints), on its sliding-window layers."""
+        return model_config.get_text_config().use_bidirectional_attention == "vision"

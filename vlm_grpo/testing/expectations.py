@@ -93,6 +93,8 @@ class TinyFamily:
         mrope (`bool`, *optional*, defaults to `False`): the language model places tokens by multimodal rotary
             positions (`get_rope_index`).
         moe (`bool`, *optional*, defaults to `False`): the language model has mixture-of-experts layers.
+        bidirectional_images (`bool`, *optional*, defaults to `False`): the language model attends bidirectionally
+            among each image's tokens (Gemma 3 and 4), where other families attend causally.
         byte_level (`bool`, *optional*, defaults to `False`): the tokenizer is a byte-level BPE (every vocabulary
             word one token, with or without its leading space) rather than the word-level one.
         tool_calls (`bool`, *optional*, defaults to `False`): the builder's chat template is the published one, with
@@ -126,6 +128,7 @@ class TinyFamily:
     tied_embeddings: bool = True
     mrope: bool = False
     moe: bool = False
+    bidirectional_images: bool = False
     byte_level: bool = False
     tool_calls: bool = False
     fixed_image_tokens: int | None = None

@@ -188,6 +188,7 @@ GEMMA3 = TinyFamily(
     architecture="Gemma3ForConditionalGeneration",
     image_token="<image_soft_token>",
     image_rule="fixed",
+    bidirectional_images=True,
     checkpoints=("gemma-3",),
     core=True,
     sampling=GEMMA3_SAMPLING,

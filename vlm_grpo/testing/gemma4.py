@@ -148,6 +148,7 @@ GEMMA4 = TinyFamily(
     architecture="Gemma4ForConditionalGeneration",
     image_token="<|image|>",
     image_rule="fixed",
+    bidirectional_images=True,
     checkpoints=("gemma-4",),
     fixed_image_tokens=64,  # the processor's budget of 70 soft tokens, as 8 x 8 pooled patches of a square image
     refused_inputs=("audio", "video"),
