@@ -233,8 +233,9 @@ def refuse_trainer_arguments(
             "sync_ref_model with PEFT: the reference is the policy with its adapter disabled, there is no "
             "reference model to sync (as in TRL); set sync_ref_model: false or train without PEFT."
         )
-    if environment_factory is not None and args.use_vllm:
+    if (tools or environment_factory is not None) and args.use_vllm:
+        given = "environment_factory" if environment_factory is not None else "tools"
         raise VLMGRPOError(
-            "environment_factory with use_vllm: each row renders its own environment's tools, which the vLLM path "
-            "does not take yet; set use_vllm: false, or pass the environment's methods as tools."
+            f"{given} with use_vllm: multi-turn rollouts with tools run with transformers' generation for now; set "
+            "use_vllm: false."
         )
