@@ -138,7 +138,7 @@ def patched(owner, name: str, replacement) -> Iterator[None]:
 def timed_generation(trainer, encoded, timers: Timers) -> float:
     """One generation under the timers; returns its wall time (s)."""
     base = trainer._base_model(trainer.accelerator.unwrap_model(trainer.model))
-    updates = [cls for cls in {*subclasses(cache_utils.CacheLayerMixin), *subclasses(cache_utils.Cache)}]
+    updates = {*subclasses(cache_utils.CacheLayerMixin), *subclasses(cache_utils.Cache)}
     with ExitStack() as stack:
         for handle in timers.time_forwards(base):
             stack.callback(handle.remove)

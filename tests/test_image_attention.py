@@ -55,10 +55,8 @@ def test_causal_images_change_only_bidirectional_families(name, tiny_model):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_vllm_cpu_image_mask_warning(name, caplog):
     """One warning on a CPU for the families whose images attend bidirectionally; none on a GPU, none for others."""
-    from transformers import AutoConfig as Config
-
-    family = get_model_family(Config.for_model(tiny_family(name).model_type))
-    config = Config.for_model(tiny_family(name).model_type)
+    config = AutoConfig.for_model(tiny_family(name).model_type)
+    family = get_model_family(config)
     bidirectional = family.bidirectional_image_attention(config)
     with caplog.at_level(logging.WARNING, logger="vlm_grpo.vllm_payload"):
         assert warn_vllm_cpu_image_mask(family, config, "cuda:0") is False

@@ -90,7 +90,9 @@ def tools_model(tiny_model):
     return path, processor, family.placeholder_token_ids(processor, config)
 
 
-def train(trainer_cls, config_cls, tools_model, tmp_path, tools, call, **options):
+def train(trainer_cls, config_cls, tools_model, tmp_path, tools, call, environment_factory=None, **options):
+    """Train 2 steps with `tools` (or `environment_factory`), `call` elicited; returns the trainer and its step logs.
+    `options` are config fields."""
     path, processor, placeholders = tools_model
     bias = calls_bias(processor, call)
     args = config_cls(
@@ -104,7 +106,7 @@ def train(trainer_cls, config_cls, tools_model, tmp_path, tools, call, **options
     torch.manual_seed(0)
     trainer = trainer_cls(
         model=path, reward_funcs=turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)),
-        processing_class=processor, tools=tools,
+        processing_class=processor, tools=tools, environment_factory=environment_factory,
     )  # fmt: skip
     trainer.train()
     return trainer, [e for e in trainer.state.log_history if "loss" in e]
@@ -288,21 +290,12 @@ LOOK = '<tool_call>\n{"name": "look", "arguments": {"region": 1}}\n</tool_call>'
 def test_environments_match_trl(tools_model, tmp_path):
     """`environment_factory`: each row's environment is reset with the row (its observation joins the prompt), its
     methods are the row's tools, and its `get_reward` is a reward: the same rollouts, rewards and weights as TRL."""
-    runs = {}
-    for trainer_cls, config_cls in ((GRPOTrainer, GRPOConfig), (VLMGRPOTrainer, VLMGRPOConfig)):
-        path, processor, placeholders = tools_model
-        args = config_cls(
-            output_dir=str(tmp_path / trainer_cls.__name__), **COMMON,
-            generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, LOOK)},
-        )  # fmt: skip
-        torch.manual_seed(0)
-        trainer = trainer_cls(
-            model=path, reward_funcs=turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)),
-            processing_class=processor, environment_factory=Canvas,
-        )  # fmt: skip
-        trainer.train()
-        runs[trainer_cls] = trainer, [e for e in trainer.state.log_history if "loss" in e]
-    (stock, stock_logs), (ours, our_logs) = runs[GRPOTrainer], runs[VLMGRPOTrainer]
+    stock, stock_logs = train(
+        GRPOTrainer, GRPOConfig, tools_model, tmp_path, None, LOOK, environment_factory=Canvas
+    )
+    ours, our_logs = train(
+        VLMGRPOTrainer, VLMGRPOConfig, tools_model, tmp_path, None, LOOK, environment_factory=Canvas
+    )
     assert plain(ours._logs["completion"]) == plain(stock._logs["completion"])
     assert all("The square is" in str(p) for p in ours._logs["prompt"])
     # a look whose result was rolled back (too long for the completion) still counted: TRL runs the tool first

@@ -126,7 +126,7 @@ def server_checks(trainer, rows: list[dict], encoded: list, before: dict[str, fl
     (completion,) = client.generate([ids], features=[features], max_tokens=4, generation_kwargs=settings)[
         "completion_ids"
     ]
-    ours = trainer_logps(trainer, encoded[0], completion, causal_images=vllm_attends_images_causally())
+    ours = trainer_logps(trainer, encoded[0], completion, vllm_attends_images_causally())
     result = {
         "local_engine": hasattr(generation, "llm"),
         "server_requests": after["requests"] - before["requests"],
@@ -218,7 +218,8 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
         "log_history": trainer.state.log_history,
     }
     completion = list(outputs[0].outputs[0].token_ids)
-    ours = trainer_logps(trainer, encoded[0], completion, causal_images=vllm_attends_images_causally())
+    causal = vllm_attends_images_causally()
+    ours = trainer_logps(trainer, encoded[0], completion, causal)
     before = vllm_logps(llm, inputs[0], completion)
     result["before_sync"] = gap(before, ours)
     trainer.sync_vllm_weights()
@@ -232,10 +233,7 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     result["model_mask_gap"] = gap(synced, trainer_logps(trainer, encoded[0], completion))
     if lora:
         with trainer.accelerator.unwrap_model(trainer.model).disable_adapter():
-            result["base_gap"] = gap(
-                synced,
-                trainer_logps(trainer, encoded[0], completion, causal_images=vllm_attends_images_causally()),
-            )
+            result["base_gap"] = gap(synced, trainer_logps(trainer, encoded[0], completion, causal))
     result_file.write_text(json.dumps(result))
     finish_processes(trainer.release_process_groups)  # as `vlm-grpo train` ends
 

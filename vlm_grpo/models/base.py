@@ -331,7 +331,7 @@ class ModelFamily:
             image_inputs (`Sequence[dict]`): the per-sample image tensors of the same B samples, in order.
             causal_images (`bool`, *optional*, defaults to `False`): attend causally over image tokens where the
                 model attends bidirectionally among them (`bidirectional_image_attention`), as vLLM's CPU attention
-                does (see `vlm_grpo.vllm_payload.check_vllm_cpu_attention`).
+                does (see `vlm_grpo.vllm_payload.warn_vllm_cpu_image_mask`).
         """
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         images = self.collate(image_inputs)
