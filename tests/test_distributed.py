@@ -6,7 +6,7 @@ test-side code inside the runs is the dotted-path reward `dist_helpers.probe_rew
 evidence (see `tests/dist_helpers.py`).
 
 Each run is checked for: return code 0 (torchrun/accelerate exit non-zero when any worker fails, aborts at exit
-included: `vlm_grpo.train.finish_processes` destroys the process group on every rank before exit); a finite loss
+included: `vlm_grpo.shutdown` ends every rank without the interpreter's finalization, where gloo's threads abort); a finite loss
 at both steps of `trainer_state.json`; language-model weights that moved; both ranks' reward calls at both steps
 and both ranks' files in the step-2 checkpoint; a `checkpoint-2/model.safetensors` that
 `AutoModelForImageTextToText.from_pretrained` loads with no missing key (under ZeRO-3: the 16-bit gather on save,

@@ -165,7 +165,7 @@ def test_importance_sampling_reads_vllm_logps(shape, family_run):
         assert math.exp(-4 * STEP_TOLERANCE) < low <= mean <= high < math.exp(4 * STEP_TOLERANCE)
         assert not low == high == 1.0  # from vLLM's own log-probs, not the trainer's
         assert math.isfinite(log["loss"]) and log["grad_norm"] > 0
-    assert "Invalid process group" not in result["stderr"]  # vLLM's finalizer at exit (see finish_processes)
+    assert "Invalid process group" not in result["stderr"]  # vLLM's finalizer at exit (see vlm_grpo.shutdown)
 
 
 def test_lora_adapter_reaches_vllm(tmp_path):

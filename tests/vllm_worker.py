@@ -157,8 +157,8 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     from vlm_grpo import VLMGRPOTrainer
     from vlm_grpo.errors import VLMGRPOError
     from vlm_grpo.rollout import load_rows
+    from vlm_grpo.shutdown import exit_process, finish_processes
     from vlm_grpo.testing import build_tiny_model
-    from vlm_grpo.train import finish_processes
     from vlm_grpo.vllm_payload import build_vllm_payload, vllm_prompt_inputs
 
     lora, dist, server = mode == "lora", mode == "dist", mode == "server"
@@ -235,7 +235,8 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
         with trainer.accelerator.unwrap_model(trainer.model).disable_adapter():
             result["base_gap"] = gap(synced, trainer_logps(trainer, encoded[0], completion, causal))
     result_file.write_text(json.dumps(result))
-    finish_processes(trainer.release_process_groups)  # as `vlm-grpo train` ends
+    if finish_processes(trainer.release_process_groups):  # as `vlm-grpo train` ends
+        exit_process(0)
 
 
 def free_port() -> int:

@@ -21,7 +21,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -425,33 +425,6 @@ def build_trainer(
     )
 
 
-def finish_processes(release: Callable[[], None] | None = None) -> None:
-    """Wait for every process, then destroy the process group, before the interpreter exits.
-
-    A process that exits with its gloo process group alive leaves the group's C++ worker threads to be torn down
-    during interpreter exit, in no fixed order; a thread object destroyed before it was joined makes C++ abort the
-    process ("terminate called without an active exception", exit by SIGABRT) although training succeeded. Under
-    ZeRO-3 the processes also end out of step: rank 0 alone writes the gathered final model while the others are
-    already exiting. The barrier lets every process finish its writes and collectives first. Only called after
-    training ended normally or by preemption, on every process alike (after an error, some processes may still be
-    inside a collective). A no-op without a process group.
-
-    Args:
-        release (`Callable[[], None]`, *optional*): destroys the process groups that another library owns (the
-            trainer's `release_process_groups`: vLLM's, in colocate mode) after the barrier, through that library,
-            so that its own finalizer does not try to destroy them again at exit.
-    """
-    import torch
-
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return
-    torch.distributed.barrier()
-    if release is not None:
-        release()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo train`."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
@@ -461,12 +434,13 @@ def main(argv: list[str] | None = None) -> None:
     from .console import closing_summary
     from .notices import quiet_third_party
     from .preemption import EXIT_PREEMPTED, preempted_step
+    from .shutdown import exit_process, finish_processes
 
     quiet_third_party()
     trainer = run(*args, compact_console=True, datasets=datasets)
     step = preempted_step(trainer.callback_handler.callbacks)
     output_dir = trainer.args.output_dir
-    finish_processes(trainer.release_process_groups)
+    several_processes = finish_processes(trainer.release_process_groups)
     if step is None and trainer.accelerator.is_main_process:
         print(closing_summary(trainer, time.perf_counter() - start), flush=True)
     if step is not None:
@@ -477,7 +451,11 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
             flush=True,
         )
-        raise SystemExit(EXIT_PREEMPTED)
+    status = 0 if step is None else EXIT_PREEMPTED
+    if several_processes:
+        exit_process(status)  # see `vlm_grpo.shutdown`: no interpreter finalization after a process group
+    if status:
+        raise SystemExit(status)
 
 
 if __name__ == "__main__":  # python -m vlm_grpo.train (torchrun): same arguments, same error reporting

@@ -249,7 +249,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         return model._prepare_generation_config(self.generation_config)[0]
 
     def release_process_groups(self) -> None:
-        """Destroy the process groups vLLM set up in colocate mode, through vLLM (see `train.finish_processes`).
+        """Destroy the process groups vLLM set up in colocate mode, through vLLM (see `shutdown.finish_processes`).
 
         Without vLLM in this process, a no-op.
         """
