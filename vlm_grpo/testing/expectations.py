@@ -39,6 +39,10 @@ class ChatLayout:
         video (`bool`, *optional*, defaults to `True`): the processor takes videos.
         presampled_video_kwargs (`Mapping[str, Any]`, *optional*, defaults to `{}`): processor arguments for a video
             given as frames already sampled (Qwen3-VL's video processor would sample them again).
+        thinking_prompt (`str`, *optional*, defaults to `""`): what a generation prompt writes after the assistant's
+            turn opening (`"<think>\n"` where the template thinks by default, as Qwen3.5 4B and larger).
+        history_reasoning (`bool`, *optional*, defaults to `True`): an earlier assistant turn keeps its reasoning
+            (`<think> ... </think>`); False where the template keeps only what follows `</think>`.
     """
 
     turn_open: str
@@ -52,23 +56,32 @@ class ChatLayout:
     config_tokens: Mapping[str, str] = field(default_factory=dict)
     video: bool = True
     presampled_video_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    thinking_prompt: str = ""
+    history_reasoning: bool = True
 
     def turn(self, role: str, content: str) -> str:
-        """A whole turn of `role` holding `content`, as the template writes it.
+        """A whole turn of `role` holding `content`, as the template writes it in a conversation's history.
 
         Args:
             role (`str`): the message's role (`"assistant"` is written as `assistant_role`).
             content (`str`): the turn's text.
         """
-        return self.generation_prompt(role) + content + self.turn_end + "\n"
+        if role == "assistant" and not self.history_reasoning:
+            content = content.split("</think>")[-1].lstrip("\n")
+        return self.opening(role) + content + self.turn_end + "\n"
 
-    def generation_prompt(self, role: str = "assistant") -> str:
-        """The opening of a turn of `role`; for the assistant, what `add_generation_prompt` appends.
+    def opening(self, role: str) -> str:
+        """The opening of a turn of `role`.
 
         Args:
-            role (`str`, *optional*, defaults to `"assistant"`): the role.
+            role (`str`): the message's role.
         """
         return self.turn_open.format(role=self.assistant_role if role == "assistant" else role)
+
+    def generation_prompt(self) -> str:
+        """What `add_generation_prompt` appends: the assistant's turn opening, and the opening of its thinking where
+        the template thinks by default."""
+        return self.opening("assistant") + self.thinking_prompt
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,15 @@ def qwen3_vl_chat_template() -> str:
     return template
 
 
+def qwen3_5_chat_template() -> str:
+    """The published Qwen3.5 chat template of the 4B and larger checkpoints (thinking on by default: the generation
+    prompt opens `<think>`), with tool calls in its XML form, as TRL 1.16 ships it and recognises it for tool-call
+    parsing (`trl.chat_template_utils`)."""
+    from trl.chat_template_utils import qwen3_5_think_chat_template as template
+
+    return template
+
+
 # Qwen3.5's pre-tokenizer split (as in `Qwen3_5Tokenizer`): contractions, letters with one leading non-letter,
 # single digits, punctuation runs with one leading space, newlines, spaces.
 QWEN3_5_SPLIT = (
@@ -364,7 +373,9 @@ QWEN_LAYOUT = ChatLayout(
 )
 QWEN2_LAYOUT = replace(QWEN_LAYOUT, default_system="You are a helpful assistant.")
 QWEN3_LAYOUT = replace(QWEN_LAYOUT, presampled_video_kwargs={"do_sample_frames": False})
-"""Qwen3-VL's layout, which the Qwen3-VL MoE and Qwen3.5 builders share: its video processor samples frames."""
+"""Qwen3-VL's layout, which the Qwen3-VL MoE builder shares: its video processor samples frames."""
+QWEN3_5_LAYOUT = replace(QWEN3_LAYOUT, thinking_prompt="<think>\n", history_reasoning=False)
+"""Qwen3.5's layout (4B and larger): Qwen3-VL's, with thinking on by default and earlier turns' reasoning dropped."""
 
 
 def qwen_family(name: str, title: str, architecture: str, build: Any, **expectations: Any) -> TinyFamily:

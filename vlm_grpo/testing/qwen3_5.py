@@ -1,6 +1,8 @@
-"""Tiny Qwen3-VL MoE, Qwen3.5 and Qwen3.5 MoE models with a word-level tokenizer, built offline.
+"""Tiny Qwen3-VL MoE, Qwen3.5 and Qwen3.5 MoE models, built offline.
 
-All three take Qwen3-VL's processor (patch 16, mean = std = 0.5) and chat layout. Qwen3-VL MoE replaces the MLP of
+All three take Qwen3-VL's processor (patch 16, mean = std = 0.5). Qwen3-VL MoE has a word-level tokenizer and Qwen3-VL's
+chat layout; Qwen3.5 and Qwen3.5 MoE carry the published Qwen3.5 template of the 4B and larger checkpoints (thinking
+on by default, tool calls as XML) and the tool-call tags of its tokenizer. Qwen3-VL MoE replaces the MLP of
 every text layer by a few tiny experts; Qwen3.5 alternates Gated DeltaNet linear-attention layers with full
 attention (the last layer of the tiny model is full attention), and Qwen3.5 MoE adds experts and a shared expert.
 
@@ -30,6 +32,7 @@ from transformers import (
 )
 
 from ._common import (
+    TAG_TOKENS,
     BuildOptions,
     check_sizes,
     round_to_multiple,
@@ -38,12 +41,15 @@ from ._common import (
 )
 from .expectations import TinyFamily
 from .qwen import (
+    QWEN3_5_LAYOUT,
     QWEN3_LAYOUT,
     QWEN_CHAT_TEMPLATE,
     QWEN_NAMED_TOKENS,
     QWEN_SPECIAL_TOKENS,
+    QWEN_TOOL_TOKENS,
     _mrope_section,
     byte_level_tokenizer,
+    qwen3_5_chat_template,
     qwen_family,
 )
 
@@ -58,7 +64,7 @@ EXPERTS_PER_TOKEN = 2
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 16, 2, 2
 
 
-def _processor(tokenizer: Any, side: int) -> Qwen3VLProcessor:
+def _processor(tokenizer: Any, side: int, chat_template: str) -> Qwen3VLProcessor:
     """Qwen3-VL's processor with images of at most `side**2` pixels (and about 8 such frames per video)."""
     factor = PATCH_SIZE * MERGE_SIZE
     image_kwargs: dict[str, Any] = {
@@ -78,7 +84,7 @@ def _processor(tokenizer: Any, side: int) -> Qwen3VLProcessor:
         image_processor=Qwen2VLImageProcessor(**image_kwargs),
         tokenizer=tokenizer,
         video_processor=Qwen3VLVideoProcessor(**video_kwargs),
-        chat_template=QWEN_CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
 
 
@@ -105,13 +111,19 @@ def build_qwen_moe(family: str, out_dir: str | os.PathLike, **options: Any) -> s
     side = round_to_multiple(o.image_size, PATCH_SIZE * MERGE_SIZE)
 
     is_hybrid = family.startswith("qwen3_5")
-    if is_hybrid:
-        tokenizer = byte_level_tokenizer(o.words, o.base_words)
+    if (
+        is_hybrid
+    ):  # the published template and a byte-level BPE, so that tool calls render and parse as published
+        chat_template = qwen3_5_chat_template()
+        tokenizer = byte_level_tokenizer(
+            o.words, o.base_words, (*TAG_TOKENS, *QWEN_TOOL_TOKENS), chat_template=chat_template
+        )
         ids = {tok: token_id(tokenizer, tok) for tok in QWEN_SPECIAL_TOKENS}
     else:
-        tokenizer, ids = o.tokenizer(QWEN_SPECIAL_TOKENS, QWEN_NAMED_TOKENS, QWEN_CHAT_TEMPLATE)
+        chat_template = QWEN_CHAT_TEMPLATE
+        tokenizer, ids = o.tokenizer(QWEN_SPECIAL_TOKENS, QWEN_NAMED_TOKENS, chat_template)
     pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
-    processor = _processor(tokenizer, side)
+    processor = _processor(tokenizer, side, chat_template)
 
     # Qwen3.5 rotates only part of each head (a quarter in the real models; half here, so that M-RoPE keeps
     # one frequency per axis at head_dim 16).
@@ -209,8 +221,9 @@ def _published_expert_layout(weights: Path) -> None:
 
 
 def _qwen_moe(name: str, title: str, architecture: str, **expectations: Any) -> TinyFamily:
+    layout = QWEN3_5_LAYOUT if name.startswith("qwen3_5") else QWEN3_LAYOUT
     return qwen_family(
-        name, title, architecture, partial(build_qwen_moe, name), tied_embeddings=False, layout=QWEN3_LAYOUT,
+        name, title, architecture, partial(build_qwen_moe, name), tied_embeddings=False, layout=layout,
         **expectations,
     )  # fmt: skip
 
@@ -223,10 +236,11 @@ QWEN3_VL_MOE = _qwen_moe(
     moe=True,
 )
 QWEN3_5 = _qwen_moe(
-    "qwen3_5", "Qwen3.5", "Qwen3_5ForConditionalGeneration", checkpoints=("Qwen3.5",), byte_level=True
-)
+    "qwen3_5", "Qwen3.5", "Qwen3_5ForConditionalGeneration", checkpoints=("Qwen3.5-4B",), byte_level=True,
+    tool_calls=True,
+)  # fmt: skip
 QWEN3_5_MOE = _qwen_moe(
-    "qwen3_5_moe", "Qwen3.5 MoE", "Qwen3_5MoeForConditionalGeneration", moe=True, byte_level=True,
+    "qwen3_5_moe", "Qwen3.5 MoE", "Qwen3_5MoeForConditionalGeneration", moe=True, byte_level=True, tool_calls=True,
     # Open: in a training step, vLLM 0.31's sampling log-probs of the tiny Qwen3.5-MoE stay further from the
     # trainer's than bfloat16 rounding and routing ties explain (0.59 at most per token, already with the initial
     # weights, on two machines), with every weight loaded. After a sync, one scored completion is within the MoE bound.
