@@ -60,6 +60,7 @@ from .models import EncodedPrompt, ModelFamily, get_model_family
 from .monitoring import PhaseTimer, step_metrics
 from .prompt_stream import PromptStream, prompt_key
 from .rewards.guard import RewardError
+from .rewards.text import REASONING_OPENED
 from .rollout import Sampled, is_truncated, load_rows, pad_batch, pad_rows, row_images, same_prompt
 from .rollout_buffer import load_rollout, save_rollout
 from .rollout_log import length_metrics, reward_metrics, write_step_samples
@@ -161,6 +162,10 @@ class VLMGRPOTrainer(GRPOTrainer):
         self.beta = args.beta
         self.family: ModelFamily = family
         self.placeholder_token_ids = placeholders
+        # the rewards read `<think>` in front of each completion (see `vlm_grpo.rewards.text.REASONING_OPENED`)
+        self._reasoning_opened = family.completions_open_in_reasoning(
+            self.processing_class, self.chat_template_kwargs
+        )
         if self.use_vllm:
             vllm_generation.name_weights_for_vllm(self.vllm_generation, family)
         setup.check_dataset_size(train_dataset, args, self.num_generations)
@@ -811,10 +816,15 @@ class VLMGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list) -> torch.Tensor:
         """TRL's rewards `[N, F]`, gathered; a reward that fails on one process stops every process with its message.
 
+        Where the generation prompt opens the reasoning block (`<think>` at its end), the rewards also get
+        `reasoning_opened=[True] * N`, with which the built-in ones read each completion with `<think>` in front.
+
         A failing reward returns None for the batch (see `guard_reward`), so that every process reaches TRL's gather
         instead of waiting in it for the one that raised; then all processes learn of the failure and raise it.
         """
         self._reward_failures.clear()
+        if self._reasoning_opened:  # new row dicts: the batch's own stay as TRL's
+            inputs = [{**x, REASONING_OPENED: True} for x in inputs]
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         failures = [str(f) for f in gather_object([str(f) for f in self._reward_failures])]
         if self._reward_failures:

@@ -23,6 +23,18 @@ from trl.chat_template_utils import parse_response
 from ..device import resolve_attn_implementation, resolve_dtype
 from ..errors import VLMGRPOError
 
+REASONING_OPEN = "<think>"
+"""The tag that opens a reasoning block in the chat templates that write one."""
+
+
+def _parses_responses(tokenizer: Any) -> bool:
+    """Whether the tokenizer declares how to parse its responses (`response_template`, or the older
+    `response_schema`): TRL's `parse_response` then reads completions (tool calls, reasoning)."""
+    return (
+        getattr(tokenizer, "response_template", None) is not None
+        or getattr(tokenizer, "response_schema", None) is not None
+    )
+
 
 @dataclass
 class EncodedPrompt:
@@ -284,10 +296,7 @@ class ModelFamily:
                 arguments.
         """
         tokenizer = processor.tokenizer
-        if (
-            getattr(tokenizer, "response_template", None) is not None
-            or getattr(tokenizer, "response_schema", None) is not None
-        ):
+        if _parses_responses(tokenizer):
             tools = tools or [None] * len(completion_ids)
             return [
                 [parse_response(tokenizer, ids, prefix=p, tools=t or None)]
@@ -295,6 +304,27 @@ class ModelFamily:
             ]
         texts = processor.batch_decode(completion_ids, skip_special_tokens=True)
         return [[{"role": "assistant", "content": text}] for text in texts]
+
+    def completions_open_in_reasoning(
+        self, processor: ProcessorMixin, chat_template_kwargs: dict[str, Any] | None = None
+    ) -> bool:
+        """Whether the decoded completions start inside a reasoning block that the generation prompt opened: the
+        template writes `<think>` at the end of it (Qwen3.5 4B and larger, unless `enable_thinking: false`), so the
+        model's text holds `</think>` but not `<think>`. False where the tokenizer parses responses
+        (`decode_completions`), which splits the reasoning out as `reasoning_content`.
+
+        Args:
+            processor (`ProcessorMixin`): the family's processor.
+            chat_template_kwargs (`dict[str, Any]`, *optional*, defaults to `None`): the template options the
+                prompts are rendered with (`GRPOConfig.chat_template_kwargs`).
+        """
+        if _parses_responses(processor.tokenizer):
+            return False
+        conversation = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+        text = processor.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
+        )
+        return text.rstrip().endswith(REASONING_OPEN)
 
     def collate(self, image_inputs: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Concatenate per-sample image tensors of a batch along dim 0 (text-only samples contribute nothing)."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import VLMGRPOError
 from .columns import batch_size, require_column, require_value
-from .text import answer_or_text, completion_text, normalize_phrase, strip_answer_tag
+from .text import answer_or_text, completion_texts, normalize_phrase, strip_answer_tag
 
 _LABEL_RE = re.compile(r"\(?([a-z])\)?")
 _LABELLED_TEXT_RE = re.compile(r"(?:\(([a-z])\)|([a-z])\s*[.:)])\s*(.+)")
@@ -50,8 +50,9 @@ def choice_accuracy(
             option's text or label, possibly wrapped in `<answer>`. A record whose solution is `None` gets `None`
             (reward does not apply). The column is required: `None` raises.
         labels (`bool`, *optional*, defaults to `True`): accept position labels `A`, `B`, ... (rule 2).
-        **kwargs (`Any`): must hold the `options` column (per record, a list of option texts); every other
-            argument TRL passes is ignored.
+        **kwargs (`Any`): must hold the `options` column (per record, a list of option texts);
+            `reasoning_opened` is read (see `vlm_grpo.rewards.text.completion_texts`); every other argument TRL
+            passes is ignored.
 
     Returns:
         `list[float | None]`: 1.0, 0.0 or `None` per completion.
@@ -68,7 +69,7 @@ def choice_accuracy(
     options = require_column(kwargs, "options", size, "choice_accuracy", _OPTIONS_HINT)
 
     rewards: list[float | None] = []
-    for i, (completion, sol, opts) in enumerate(zip(completions, solution, options)):
+    for i, (text, sol, opts) in enumerate(zip(completion_texts(completions, kwargs), solution, options)):
         texts = _option_texts(opts, i)
         if sol is None:
             rewards.append(None)
@@ -79,7 +80,7 @@ def choice_accuracy(
                 f"choice_accuracy: the solution {sol!r} at batch position {i} is none of its options {list(opts)!r}; "
                 "the solution must be one of the option texts (or its label A, B, ... when labels=True)."
             )
-        answer = answer_or_text(completion_text(completion))
+        answer = answer_or_text(text)
         named = _named_option(answer, texts, labels) if answer is not None else None
         rewards.append(1.0 if named == gold else 0.0)
     return rewards

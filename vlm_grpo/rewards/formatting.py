@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .text import completion_text, has_think_answer_format
+from .text import completion_texts, has_think_answer_format
 
 
 def format_reward(completions: Sequence[Any], **kwargs: Any) -> list[float]:
@@ -18,9 +18,9 @@ def format_reward(completions: Sequence[Any], **kwargs: Any) -> list[float]:
     Args:
         completions (`Sequence[str | list[dict]]`): the completions, plain strings or conversational messages.
         **kwargs (`Any`): every other argument TRL passes (`solution`, `prompts`, dataset columns, ...);
-            ignored.
+            `reasoning_opened` is read (see `vlm_grpo.rewards.text.completion_texts`), the rest ignored.
 
     Returns:
         `list[float]`: 1.0 or 0.0 per completion.
     """
-    return [1.0 if has_think_answer_format(completion_text(c)) else 0.0 for c in completions]
+    return [1.0 if has_think_answer_format(text) else 0.0 for text in completion_texts(completions, kwargs)]

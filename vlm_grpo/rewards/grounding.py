@@ -10,7 +10,7 @@ from ..errors import VLMGRPOError
 from .columns import batch_size, require_column, require_value
 from .text import (
     answer_or_text,
-    completion_text,
+    completion_texts,
     extract_answer,
     find_box,
     has_think_answer_format,
@@ -51,14 +51,13 @@ def rec_format(completions: Sequence[Any], **kwargs: Any) -> list[float]:
 
     Args:
         completions (`Sequence[str | list[dict]]`): the completions, plain strings or conversational messages.
-        **kwargs (`Any`): every other argument TRL passes; ignored.
+        **kwargs (`Any`): every other argument TRL passes; `reasoning_opened` is read (see `completion_texts`).
 
     Returns:
         `list[float]`: 1.0 or 0.0 per completion.
     """
     rewards = []
-    for completion in completions:
-        text = completion_text(completion)
+    for text in completion_texts(completions, kwargs):
         ok = has_think_answer_format(text) and find_box(extract_answer(text) or "") is not None
         rewards.append(1.0 if ok else 0.0)
     return rewards
@@ -89,8 +88,8 @@ def iou(
             - `"resized"`: pixels of the resized image the model saw; scaled by the `image_size` column
               (`[w, h]` of the original) over the `model_image_size` column (`[w, h]` seen by the model).
             - `"norm1000"`: values in [0, 1000] (Qwen3-VL style); scaled by `image_size` / 1000.
-        **kwargs (`Any`): dataset columns (`image_size`, `model_image_size` as needed by `coords`) and
-            every other argument TRL passes, which is ignored.
+        **kwargs (`Any`): dataset columns (`image_size`, `model_image_size` as needed by `coords`),
+            `reasoning_opened` (see `completion_texts`), and every other argument TRL passes, which is ignored.
 
     Returns:
         `list[float | None]`: the IoU per completion.
@@ -117,12 +116,12 @@ def iou(
         )
 
     rewards: list[float | None] = []
-    for i, (completion, sol) in enumerate(zip(completions, solution)):
+    for i, (text, sol) in enumerate(zip(completion_texts(completions, kwargs), solution)):
         if sol is None:
             rewards.append(None)
             continue
         target = _solution_box(sol, i)
-        answer = answer_or_text(completion_text(completion))
+        answer = answer_or_text(text)
         pred = find_box(answer) if answer is not None else None
         if pred is None:
             rewards.append(0.0)

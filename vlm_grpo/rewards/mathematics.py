@@ -13,7 +13,7 @@ from .text import (
     THINK_CLOSE,
     THINK_OPEN,
     boxed_end,
-    completion_text,
+    completion_texts,
     extract_answer,
     last_boxed,
     normalize_phrase,
@@ -100,7 +100,7 @@ def math_accuracy(
             truth (LaTeX, a plain expression or a number), possibly wrapped in `<answer>` or in `\\boxed{}`. A
             record whose solution is `None` gets `None` (reward does not apply). The column is required: `None`
             raises.
-        **kwargs (`Any`): every other argument TRL passes; ignored.
+        **kwargs (`Any`): every other argument TRL passes; `reasoning_opened` is read (see `completion_texts`).
 
     Returns:
         `list[float | None]`: 1.0, 0.0 or `None` per completion.
@@ -114,11 +114,11 @@ def math_accuracy(
         )
     batch_size(completions, solution)
     rewards: list[float | None] = []
-    for completion, sol in zip(completions, solution):
+    for text, sol in zip(completion_texts(completions, kwargs), solution):
         if sol is None:
             rewards.append(None)
             continue
-        answer = _final_answer(completion_text(completion))
+        answer = _final_answer(text)
         rewards.append(1.0 if answer is not None and math_equal(answer, _solution_text(sol)) else 0.0)
     return rewards
 
@@ -153,7 +153,7 @@ def geo3k(
         solution (`Sequence[str | float | None] | None`, *optional*, defaults to `None`): per record, the ground
             truth, as for `math_accuracy`. A record whose solution is `None` gets `None`. The column is required:
             `None` raises.
-        **kwargs (`Any`): every other argument TRL passes; ignored.
+        **kwargs (`Any`): every other argument TRL passes; `reasoning_opened` is read (see `completion_texts`).
 
     Returns:
         `list[float | None]`: the score per completion.
@@ -163,12 +163,12 @@ def geo3k(
     """
     if solution is None:
         raise VLMGRPOError("Reward 'geo3k' needs the dataset column 'solution' with the ground-truth answer.")
-    accuracies = math_accuracy(completions, solution)
+    accuracies = math_accuracy(completions, solution, **kwargs)
     rewards: list[float | None] = []
-    for completion, acc in zip(completions, accuracies):
+    for text, acc in zip(completion_texts(completions, kwargs), accuracies):
         if acc is None:
             rewards.append(None)
             continue
-        fmt = 1.0 if has_geo_format(completion_text(completion)) else 0.0
+        fmt = 1.0 if has_geo_format(text) else 0.0
         rewards.append(0.9 * acc + 0.1 * fmt)
     return rewards

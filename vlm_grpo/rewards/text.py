@@ -21,6 +21,30 @@ _BOX_RE = re.compile(rf"\[\s*({_NUMBER})\s*,\s*({_NUMBER})\s*,\s*({_NUMBER})\s*,
 _BOXED_RE = re.compile(r"\\boxed\s*\{")
 
 
+REASONING_OPENED = "reasoning_opened"
+"""The reward argument the trainer adds when the chat template's generation prompt opens the reasoning block itself
+(Qwen3.5 4B and larger write `<think>` there): one `True` per completion. TRL passes no such argument."""
+
+
+def completion_texts(completions: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:
+    """The text of each completion, as the model wrote it after its prompt: where the generation prompt opened the
+    reasoning block (`kwargs[REASONING_OPENED]`), `<think>` is put back in front, so that the format and the answer
+    are read alike whether the template or the model opens the block.
+
+    Args:
+        completions (`Sequence[Any]`): the completions, as `completion_text` takes them.
+        kwargs (`dict[str, Any]`): the other arguments the reward got.
+
+    Returns:
+        `list[str]`: one text per completion.
+    """
+    opened = kwargs.get(REASONING_OPENED) or [False] * len(completions)
+    return [
+        THINK_OPEN + "\n" + completion_text(c) if o else completion_text(c)
+        for c, o in zip(completions, opened)
+    ]
+
+
 def completion_text(completion: Any) -> str:
     """Return the text of one completion as TRL passes it to reward functions.
 
