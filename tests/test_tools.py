@@ -251,23 +251,40 @@ class Counter:
         return str(len(word))
 
 
-@pytest.mark.parametrize("given", ["tools", "environment_factory"])
-def test_tools_with_vllm_are_refused_in_one_line(given, tools_model, tmp_path):
-    """Multi-turn rollouts run with transformers' generation: with use_vllm, construction stops in one line."""
+@pytest.mark.parametrize(
+    ("given", "mode", "message"),
+    [
+        (
+            "environment_factory",
+            "colocate",
+            "environment_factory with use_vllm: rollouts with environments run with transformers' generation for "
+            "now; set use_vllm: false (tools run with vLLM in colocate mode).",
+        ),
+        (
+            "tools",
+            "server",
+            "tools with vllm_mode: server: multi-turn rollouts with tools run with vLLM in colocate mode for now; "
+            "set vllm_mode: colocate, or use_vllm: false.",
+        ),
+    ],
+)
+def test_what_vllm_does_not_run_with_tools_is_refused_in_one_line(
+    given, mode, message, tools_model, tmp_path
+):
+    """Tools run with vLLM in colocate mode (`test_vllm_tools.py`); environments with vLLM, and tools with a vLLM
+    server, stop at construction in one line."""
     path, processor, _ = tools_model
     args = VLMGRPOConfig(
-        output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False, report_to="none", use_vllm=True
-    )
+        output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False, report_to="none", use_vllm=True,
+        vllm_mode=mode,
+    )  # fmt: skip
     extra = {"tools": [count]} if given == "tools" else {"environment_factory": Counter}
     with pytest.raises(VLMGRPOError) as error:
         VLMGRPOTrainer(
             path, turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(4)), processing_class=processor,
             **extra,
         )  # fmt: skip
-    assert str(error.value) == (
-        f"{given} with use_vllm: multi-turn rollouts with tools run with transformers' generation for now; set "
-        "use_vllm: false."
-    )
+    assert str(error.value) == message
 
 
 def test_tool_results_are_masked_and_their_images_reach_the_forward(tools_model, tmp_path):

@@ -144,6 +144,10 @@ class VLMGRPOTrainer(GRPOTrainer):
         embedding_dtype = model.get_input_embeddings().weight.dtype
         if tools or environment_factory:
             check_tool_template(processing_class)
+            if args.use_vllm:
+                family.vllm_history_ids(
+                    processing_class, []
+                )  # refuses a family whose history vLLM cannot take
         if args.use_vllm:
             check_vllm_architecture(family)
             check_vllm_cpu_attention(family, model.config, args.device, model.name_or_path)
@@ -484,10 +488,12 @@ class VLMGRPOTrainer(GRPOTrainer):
         """The next turn of each row that called a tool, from its whole history (TRL's tool loop calls it with the
         ids of prompt, completion and tool results, and every image of the row: the prompt's, then the tools').
 
-        vLLM samples as in TRL; transformers' `generate` runs on the family's inputs of each row.
+        vLLM samples as in TRL, from each row's ids with one placeholder per image (`vllm_history_ids`: vLLM expands
+        them itself, TRL hands them expanded); transformers' `generate` runs on the family's inputs of each row.
         """
         if self.use_vllm:
-            return super()._generate_single_turn(prompt_ids, images, {}, num_generations, has_tool_images)
+            ids = [self.family.vllm_history_ids(self.processing_class, row) for row in prompt_ids]
+            return super()._generate_single_turn(ids, images, {}, num_generations, has_tool_images)
         device = self.accelerator.device
         encoded = []
         for ids, pictures in zip(prompt_ids, images or [None] * len(prompt_ids), strict=True):

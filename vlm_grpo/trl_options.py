@@ -233,9 +233,13 @@ def refuse_trainer_arguments(
             "sync_ref_model with PEFT: the reference is the policy with its adapter disabled, there is no "
             "reference model to sync (as in TRL); set sync_ref_model: false or train without PEFT."
         )
-    if (tools or environment_factory is not None) and args.use_vllm:
-        given = "environment_factory" if environment_factory is not None else "tools"
+    if environment_factory is not None and args.use_vllm:
         raise VLMGRPOError(
-            f"{given} with use_vllm: multi-turn rollouts with tools run with transformers' generation for now; set "
-            "use_vllm: false."
+            "environment_factory with use_vllm: rollouts with environments run with transformers' generation for "
+            "now; set use_vllm: false (tools run with vLLM in colocate mode)."
+        )
+    if tools and args.use_vllm and args.vllm_mode != "colocate":
+        raise VLMGRPOError(
+            f"tools with vllm_mode: {args.vllm_mode}: multi-turn rollouts with tools run with vLLM in colocate mode "
+            "for now; set vllm_mode: colocate, or use_vllm: false."
         )

@@ -196,6 +196,31 @@ class ModelFamily:
         token = getattr(processor, self.prompt_image_token_attr)
         return token, int(processor.tokenizer.convert_tokens_to_ids(token))
 
+    def vllm_history_ids(self, processor: ProcessorMixin, ids: Sequence[int]) -> list[int]:
+        """A row's ids as vLLM takes them with the row's images: one placeholder per image, which vLLM's processor
+        expands itself (it would expand an already expanded one again). The trainer's rows hold them expanded, as the
+        history of a turn after a tool result does: where the template's placeholder is the expanded token itself
+        (Qwen's `<|image_pad|>`), each run of it is one image.
+
+        Args:
+            processor (`ProcessorMixin`): the family's processor.
+            ids (`Sequence[int]`): the row's ids, placeholders expanded (an empty row checks that the family can).
+
+        Raises:
+            `VLMGRPOError`: the family's placeholder is not its expanded token (it would need a mapping of its own).
+        """
+        placeholder, placeholder_id = self.prompt_image_token(processor)
+        if placeholder_id != self.image_token_id(processor):
+            raise VLMGRPOError(
+                f"tools with use_vllm on {self.model_type}: its image placeholder {placeholder} is not the token it "
+                "expands to, so a tool-calling history cannot be handed to vLLM yet; set use_vllm: false."
+            )
+        collapsed: list[int] = []
+        for token in ids:
+            if not (token == placeholder_id and collapsed and collapsed[-1] == placeholder_id):
+                collapsed.append(token)
+        return collapsed
+
     def image_tokens(
         self,
         model_config: Any,
