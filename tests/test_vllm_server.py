@@ -187,7 +187,11 @@ def test_importance_sampling_reads_server_logps(server_run):
         low, mean, high = (log[f"sampling/importance_sampling_ratio/{k}"] for k in ("min", "mean", "max"))
         assert math.exp(-4 * STEP_TOLERANCE) < low <= mean <= high < math.exp(4 * STEP_TOLERANCE)
         assert not low == high == 1.0  # from the server's log-probs, not the trainer's
-        assert math.isfinite(log["loss"]) and log["grad_norm"] > 0
+        assert math.isfinite(log["loss"])
+        # a step whose groups all tie (the same reward in each, the server's sampling varies by machine) has no
+        # gradient; any other step has one
+        assert log["grad_norm"] > 0 or log["reward_std"] == 0, log
+    assert any(log["grad_norm"] > 0 for log in steps), steps
 
 
 def test_server_is_stopped(server_run):
