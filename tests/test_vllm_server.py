@@ -188,10 +188,10 @@ def test_importance_sampling_reads_server_logps(server_run):
         assert math.exp(-4 * STEP_TOLERANCE) < low <= mean <= high < math.exp(4 * STEP_TOLERANCE)
         assert not low == high == 1.0  # from the server's log-probs, not the trainer's
         assert math.isfinite(log["loss"])
-        # a step whose groups all tie (the same reward in each, the server's sampling varies by machine) has no
-        # gradient; any other step has one
-        assert log["grad_norm"] > 0 or log["reward_std"] == 0, log
-    assert any(log["grad_norm"] > 0 for log in steps), steps
+        # a step whose groups all tie (each group's completions the same length; the server's sampling varies from
+        # run to run) has no advantage and no gradient; any other step has one. That training moved the weights is
+        # `test_weight_sync_reaches_the_server`'s check.
+        assert log["grad_norm"] > 0 or log["frac_reward_zero_std"] == 1.0, str(log)
 
 
 def test_server_is_stopped(server_run):
