@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from vlm_grpo.checkpoints import is_complete
 from vlm_grpo.commands.demo import TASKS, main, summary, task_function
-from vlm_grpo.demos import brand, colour, grounding, segments
+from vlm_grpo.demos import brand, colour, grounding, segments, zoom
 from vlm_grpo.preemption import EXIT_PREEMPTED
 from vlm_grpo.rewards import build_rewards
 
@@ -213,7 +213,9 @@ def test_docs_give_the_scores_the_demos_print_beside_their_own():
     """docs/demos.md's seeds 0, 1, 2 after GRPO are the figures each task prints as documented (and checks against
     its target), so that a fresh clone's run says when it lands elsewhere."""
     tasks = {"colour": colour.TASK, "grounding": grounding.TASK, "brand": brand.TASK, "math": segments.TASK}
-    assert _documented_rows() == {name: task.documented for name, task in tasks.items()}
+    rows = _documented_rows()
+    assert rows.pop("zoom") == zoom.DOCUMENTED and len(zoom.DOCUMENTED) == 3
+    assert rows == {name: task.documented for name, task in tasks.items()}
     for task in tasks.values():
         assert len(task.documented) == 3 and task.target > 0
 

@@ -97,6 +97,7 @@ def sample_records(
     rewards: dict[str, Sequence[float]],
     advantages: Sequence[float],
     num_generations: int,
+    tool_images: Sequence[list[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """One record per prompt group (G consecutive rows), in the layout `vlm_grpo.sample_log.write_samples` writes.
 
@@ -107,6 +108,8 @@ def sample_records(
         rewards (`dict[str, Sequence[float]]`): per reward name, one value per completion (NaN = not applicable).
         advantages (`Sequence[float]`): one per completion.
         num_generations (`int`): G.
+        tool_images (`Sequence[list[str]]`, *optional*, defaults to `None`): the paths of the images each completion's
+            tools returned, aligned with `examples`; a record gets `tool_images` (one list per completion) when given.
     """
     records = []
     for start in range(0, len(examples), num_generations):
@@ -126,4 +129,6 @@ def sample_records(
                 "advantages": list(advantages[rows]),
             }
         )
+        if tool_images is not None:
+            records[-1]["tool_images"] = [list(paths) for paths in tool_images[rows]]
     return records

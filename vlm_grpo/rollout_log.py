@@ -96,6 +96,40 @@ def completion_text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
+def tool_images_of(messages: list[dict[str, Any]]) -> list[Any]:
+    """The images a completion's tools returned (the `image` of each image part of its tool messages), in order."""
+    return [
+        part["image"]
+        for message in messages
+        if message.get("role") == "tool" and isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and part.get("type") == "image" and part.get("image") is not None
+    ]
+
+
+def save_tool_images(output_dir: str, name: str, images: list[list[Any]]) -> list[list[str]] | None:
+    """Save each row's tool images as `samples/images/{name}_{row}_{k}.png`; their paths relative to `output_dir`,
+    one list per row, or None when no row has any.
+
+    Args:
+        output_dir (`str`): the run's output folder.
+        name (`str`): the files' prefix (`"step_000010"`, `"step_000010_dropped"`).
+        images (`list[list[PIL.Image.Image]]`): each row's tool images.
+    """
+    if not any(images):
+        return None
+    folder = samples_path(output_dir, 0).parent / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for row, row_images in enumerate(images):
+        paths.append([])
+        for k, image in enumerate(row_images):
+            file = folder / f"{name}_{row:04d}_{k}.png"
+            image.save(file)
+            paths[-1].append(f"{folder.parent.name}/{folder.name}/{file.name}")
+    return paths
+
+
 def write_step_samples(
     output_dir: str,
     global_step: int,
@@ -131,21 +165,27 @@ def write_step_samples(
     def texts(part: Sampled) -> list[str]:
         return gather_object([completion_text(c) for c in part.completions])
 
+    def images(part: Sampled, name: str) -> list[list[str]] | None:
+        gathered = gather_object([tool_images_of(c) for c in part.completions])  # every process calls it
+        return save_tool_images(output_dir, name, gathered) if is_main_process else None
+
     step = global_step + 1
     rows, all_texts = _gathered_rows(sampled.inputs), texts(sampled)
+    tool_images = images(sampled, f"step_{step:06d}")
     extra = []
     if dropped is not None:
         part, local = dropped
         dropped_rows, dropped_texts = _gathered_rows(part.inputs), texts(part)
+        dropped_images = images(part, f"step_{step:06d}_dropped")
         dropped_rewards = torch.tensor(gather_object(local.tolist())).view(-1, len(names))  # [M, F]
         nan = [float("nan")] * len(dropped_rows)
         extra = sample_records(
-            step, dropped_rows, dropped_texts, by_name(dropped_rewards), nan, num_generations
+            step, dropped_rows, dropped_texts, by_name(dropped_rewards), nan, num_generations, dropped_images
         )
     if not is_main_process:
         return
     records = sample_records(
-        step, rows, all_texts, by_name(rewards_per_func), advantages.tolist(), num_generations
+        step, rows, all_texts, by_name(rewards_per_func), advantages.tolist(), num_generations, tool_images
     )
     records += [{**record, "dropped": True} for record in extra]
     write_samples(samples_path(output_dir, step), records)

@@ -13,7 +13,9 @@ the first one shows the model before any update.
 A rollout that serves several optimizer steps (`num_iterations` > 1, or `steps_per_generation` >
 `gradient_accumulation_steps`) is numbered by the first of them, and logged when that step is one of those.
 
-`images` holds file paths ("" for an image that had no file); a reward is null where it does not apply.
+`images` holds file paths ("" for an image that had no file); a reward is null where it does not apply. A step whose
+tools returned images also has `tool_images`: per completion, the paths (relative to the run's folder) of those
+images, saved under `samples/images/`, in the order of the `[image]` marks in the completion's text.
 `vlm_grpo.commands.samples` reads these files back and renders them as an HTML page.
 """
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from .checkpoints import checkpoint_step, resolve_resume
+from .dotted import import_dotted
 from .errors import EXIT_USER_ERROR, VLMGRPOError, did_you_mean, one_line, run_cli
 from .rewards import build_rewards
 from .train_options import read_options, short_help
@@ -56,6 +57,10 @@ class ScriptArguments:
             YAML) mappings `{name: iou, weight: 1.0, ...}`; other keys are options passed to the reward, and each
             must be a keyword the reward function takes (a user function with `**kwargs` takes any).
         eval_data_config (`str | None`): optional YAML data config for evaluation during training.
+        tools (`list`, defaults to `[]`): dotted paths `package.module.function` to tools the model may call
+            (TRL's `tools`; see docs/tools.md).
+        environment_factory (`str | None`): dotted path `package.module.Class` to an environment built once per
+            row, whose public methods are that row's tools (TRL's `environment_factory`; see docs/tools.md).
     """
 
     data_config: str | None = field(default=None, metadata={"help": "YAML data config to train on."})
@@ -64,6 +69,14 @@ class ScriptArguments:
         metadata={"help": "Reward names or dotted paths; in YAML also {name, weight, options...} mappings."},
     )
     eval_data_config: str | None = field(default=None, metadata={"help": "YAML data config for evaluation."})
+    tools: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Dotted paths package.module.function of tools the model may call."},
+    )
+    environment_factory: str | None = field(
+        default=None,
+        metadata={"help": "Dotted path package.module.Class of a per-row environment (its tools)."},
+    )
 
 
 def model_init_kwargs(model_args: VLMModelConfig) -> dict[str, Any]:
@@ -409,6 +422,12 @@ def build_trainer(
         if script_args.eval_data_config:
             eval_dataset = load_data_config(script_args.eval_data_config, seed=training_args.seed)
     reward_funcs, weights = build_rewards(script_args.rewards)
+    tools = [import_callable(path, "Tool", "package.module.function") for path in script_args.tools]
+    environment_factory = None
+    if script_args.environment_factory:
+        environment_factory = import_callable(
+            script_args.environment_factory, "environment_factory", "package.module.Class"
+        )
     training_args.reward_weights = weights
     training_args.model_init_kwargs = {
         **model_init_kwargs(model_args),
@@ -422,7 +441,28 @@ def build_trainer(
         eval_dataset=eval_dataset,
         peft_config=get_peft_config(model_args),
         callbacks=callbacks,
+        tools=tools or None,
+        environment_factory=environment_factory,
     )
+
+
+def import_callable(path: str, what: str, expected: str) -> Any:
+    """The callable a config names by dotted path (a tool, an environment class).
+
+    Args:
+        path (`str`): `package.module.name`.
+        what (`str`): the option, for the message (`"Tool"`, `"environment_factory"`).
+        expected (`str`): what the path should name (`"package.module.function"`).
+
+    Raises:
+        VLMGRPOError: the path imports nothing callable (see `vlm_grpo.dotted.import_dotted`).
+    """
+    found = import_dotted(path, what, expected)
+    if not callable(found):
+        raise VLMGRPOError(
+            f"{what} {path!r} is a {type(found).__name__}, not a callable: point it to {expected}."
+        )
+    return found
 
 
 def main(argv: list[str] | None = None) -> None:

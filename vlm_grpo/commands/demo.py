@@ -4,8 +4,10 @@
     vlm-grpo demo --task grounding                  box of the one object, iou + rec_format (runs/demo-grounding)
     vlm-grpo demo --task brand                      brand of a logo among 56 numbered options (runs/demo-brand)
     vlm-grpo demo --task math                       total of two segment lengths in \\boxed{}, geo3k (runs/demo-math)
+    vlm-grpo demo --task zoom                       pattern of a mark only a zoom tool shows, multi-turn (runs/demo-zoom)
+    vlm-grpo demo --task zoom --no-tool             the same model and budget, answering without the tool
 
-Each task builds its tiny Qwen2-VL and its synthetic data offline (`vlm_grpo/demos/`), evaluates on held-out
+Each task builds its tiny Qwen2-VL (the zoom task a tiny Qwen3-VL, whose template calls tools) and its synthetic data offline (`vlm_grpo/demos/`), evaluates on held-out
 images, and prints the scores at the start, after the supervised warm start (tasks whose answer format a random
 model cannot write: grounding, math, brand) and after GRPO, with the time of each phase. The GRPO run's folder
 `OUTPUT_DIR/model` holds the trained model, `training_curves.png` and `samples.html`.
@@ -29,6 +31,7 @@ TASKS: dict[str, tuple[str, str]] = {
     "grounding": ("vlm_grpo.demos.grounding:run_grounding", "runs/demo-grounding"),
     "brand": ("vlm_grpo.demos.brand:run_brand", "runs/demo-brand"),
     "math": ("vlm_grpo.demos.segments:run_segments", "runs/demo-math"),
+    "zoom": ("vlm_grpo.demos.zoom:run_zoom", "runs/demo-zoom"),
 }
 """Demo tasks by name: the function that runs one (`module:function`, `vlm_grpo.demos.common.run_task` on the
 task's `DemoTask`; imported once the arguments are checked, since torch, transformers and TRL come with it) and its
@@ -74,8 +77,18 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="replace groups whose advantages are all zero (DAPO); default: the task's own (on for colour)",
     )
+    parser.add_argument(
+        "--tool",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="zoom only: offer the zoom tool (default); --no-tool trains the same model to answer without it",
+    )
     args = parser.parse_args(argv)
+    if args.tool is not None and args.task != "zoom":
+        parser.error(f"--tool/--no-tool is an option of --task zoom, not of --task {args.task}")
     kwargs: dict[str, Any] = {"seed": args.seed}
+    if args.tool is not None:
+        kwargs["tool"] = args.tool
     if args.max_steps is not None:
         kwargs["max_steps"] = args.max_steps
     if args.dynamic_sampling is not None:

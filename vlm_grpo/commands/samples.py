@@ -209,6 +209,22 @@ def _number(value: Any) -> str:
     return "&ndash;"
 
 
+TOOL_IMAGE_MARK = "[image]"
+"""Where a completion's text (`vlm_grpo.rollout_log.completion_text`) holds an image a tool returned."""
+
+
+def _with_tool_images(text: str, paths: Sequence[str], run_dir: Path, cache: dict[str, str]) -> str:
+    """A completion's escaped `text` with its tools' images (`paths`) inline, one at each `[image]` mark in order;
+    images without a mark (none expected) follow the text."""
+    pieces = text.split(TOOL_IMAGE_MARK)
+    out = [pieces[0]]
+    for k, piece in enumerate(pieces[1:]):
+        out.append(_image_html(paths[k], run_dir, cache) if k < len(paths) else TOOL_IMAGE_MARK)
+        out.append(piece)
+    out += [_image_html(path, run_dir, cache) for path in paths[len(pieces) - 1 :]]
+    return "".join(out)
+
+
 def _group_html(record: dict[str, Any], run_dir: Path, cache: dict[str, str]) -> str:
     """One prompt group: prompt, images, solution and the completions table."""
     rewards = record.get("rewards") or {}
@@ -229,6 +245,7 @@ def _group_html(record: dict[str, Any], run_dir: Path, cache: dict[str, str]) ->
     parts.append(f"<p><b>solution:</b> {key}{solution_text}</p>")
     header = "".join(f"<th>{html.escape(str(name))}</th>" for name in rewards)
     parts.append(f"<table><tr><th>#</th><th>completion</th>{header}<th>advantage</th></tr>")
+    tool_images = record.get("tool_images") or []
     for i, completion in enumerate(record["completions"]):
         cells = "".join(
             f'<td class="num">{_number(values[i] if i < len(values) else None)}</td>'
@@ -236,9 +253,11 @@ def _group_html(record: dict[str, Any], run_dir: Path, cache: dict[str, str]) ->
         )
         advantage = _number(advantages[i] if i < len(advantages) else None)
         swatch = _swatch(colours[i]) if i < len(predicted) and predicted[i] is not None else ""
+        text = _with_tool_images(
+            html.escape(str(completion)), tool_images[i] if i < len(tool_images) else [], run_dir, cache
+        )
         parts.append(
-            f"<tr><td>{swatch}{i}</td><td><pre>{html.escape(str(completion))}</pre></td>{cells}"
-            f'<td class="num">{advantage}</td></tr>'
+            f'<tr><td>{swatch}{i}</td><td><pre>{text}</pre></td>{cells}<td class="num">{advantage}</td></tr>'
         )
     parts.append("</table></div>")
     return "\n".join(parts)

@@ -221,20 +221,28 @@ def grpo_config(output_dir: Path, max_steps: int, seed: int, **overrides: Any) -
 
 
 def train_grpo(
-    model_dir: str | Path, train_yaml: Path, rewards: Sequence[str], training_args: VLMGRPOConfig
+    model_dir: str | Path,
+    train_yaml: Path,
+    rewards: Sequence[Any],
+    training_args: VLMGRPOConfig,
+    environment_factory: str | None = None,
 ) -> float:
     """Train with `vlm_grpo.train.run` and save to `training_args.output_dir`; returns the seconds it took.
 
     Args:
         model_dir (`str | Path`): the model to start from.
         train_yaml (`Path`): the training data config.
-        rewards (`Sequence[str]`): reward names.
+        rewards (`Sequence`): reward names or `{name, weight, ...}` specs.
         training_args (`VLMGRPOConfig`): the GRPO settings (see `grpo_config`).
+        environment_factory (`str`, *optional*, defaults to `None`): dotted path of the rows' environment, whose
+            methods are the tools the model may call.
 
     Raises:
         `Preempted`: a preemption signal stopped the run after a step, with a complete checkpoint and no model.
     """
-    script_args = ScriptArguments(data_config=str(train_yaml), rewards=list(rewards))
+    script_args = ScriptArguments(
+        data_config=str(train_yaml), rewards=list(rewards), environment_factory=environment_factory
+    )
     model_args = VLMModelConfig(model_name_or_path=str(model_dir), dtype="float32")
     start = time.perf_counter()
     trainer = run(script_args, training_args, model_args, compact_console=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..dotted import import_dotted
 from ..errors import VLMGRPOError, did_you_mean
 from .accuracy import accuracy
 from .choice import choice_accuracy
@@ -75,26 +75,9 @@ def _is_async(func: Callable[..., Any]) -> bool:
 
 def _import_reward(path: str) -> tuple[Callable[..., Any], str]:
     """Import `package.module.attr` and return the callable and its name."""
-    module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise VLMGRPOError(f"Reward {path!r} is not a dotted path 'package.module.function'.")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        # Only the module of the path itself (or a parent package) being absent is the user's path error;
-        # a missing dependency inside the user's module is re-raised as is.
-        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise
-        raise VLMGRPOError(
-            f"Reward {path!r}: cannot import module {module_name!r} ({exc}). Check the spelling and that the "
-            "module is importable (installed, or its folder on PYTHONPATH)."
-        ) from exc
-    try:
-        func = getattr(module, attr)
-    except AttributeError:
-        raise VLMGRPOError(
-            f"Reward {path!r}: module {module_name!r} has no attribute {attr!r}. Check the function name."
-        ) from None
+    func = import_dotted(path, "Reward", "package.module.function")
+    attr = path.rpartition(".")[2]
+    module_name = path.rpartition(".")[0]
     if not callable(func):
         raise VLMGRPOError(
             f"Reward {path!r}: {attr!r} in {module_name!r} is a {type(func).__name__}, not a callable. "
