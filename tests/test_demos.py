@@ -152,17 +152,21 @@ def record_call(out: str, **kwargs) -> dict:
 
 
 def test_demo_command_picks_the_task(tmp_path, capsys, monkeypatch):
-    assert set(TASKS) == {"colour", "grounding", "brand", "math"}
+    assert set(TASKS) == {"colour", "grounding", "brand", "math", "zoom"}
     modules = {"colour": colour, "grounding": grounding, "brand": brand, "math": segments}
     for name, module in modules.items():  # the command's table, read before the tasks are imported
         assert TASKS[name][1] == module.TASK.output_dir and task_function(name).__module__ == module.__name__
+    assert TASKS["zoom"][1] == "runs/demo-zoom" and task_function("zoom").__module__ == zoom.__name__
     CALLS.clear()
     monkeypatch.setitem(TASKS, "math", (f"{__name__}:record_call", "x"))
+    monkeypatch.setitem(TASKS, "zoom", (f"{__name__}:record_call", "x"))
     main(["--task", "math", "--output_dir", str(tmp_path), "--max_steps", "3"])
     main(["--task", "math", "--output_dir", str(tmp_path), "--dynamic_sampling"])
+    main(["--task", "zoom", "--output_dir", str(tmp_path), "--no-tool"])
     assert CALLS == [
         (str(tmp_path), {"seed": 0, "max_steps": 3}),
         (str(tmp_path), {"seed": 0, "dynamic_sampling": True}),
+        (str(tmp_path), {"seed": 0, "tool": False}),
     ]
     assert "math: held-out accuracy after GRPO 0.500" in capsys.readouterr().out
     line = summary(

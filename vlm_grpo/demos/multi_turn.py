@@ -80,9 +80,10 @@ def supervised_row(
     for k, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start = len(_encode(processor, messages[:k], images, tools, generation_prompt=True))
+        prefix = _encode(processor, messages[:k], images, tools, generation_prompt=True)
+        start = len(prefix)
         end = len(_encode(processor, messages[: k + 1], images, tools, generation_prompt=False))
-        if ids[:start] != _encode(processor, messages[:k], images, tools, generation_prompt=True):
+        if ids[:start] != prefix:
             raise ValueError("the chat template does not render a conversation's turns as its prefixes")
         end -= 1  # the newline after the end of turn
         labels[start:end] = ids[start:end]
