@@ -12,10 +12,11 @@ answers every call with a 224x224 image and a line of text, so a row that calls 
 random model is made to write a tool call now and then by transformers' `sequence_bias` (the same in both trainers):
 some rows call the tool, some answer at once, some call it again.
 
-What differs: ours prefills each group's first-turn prompt (its image included) once and runs the vision tower once
-per distinct image; stock TRL runs every row's prompt. The turns after a tool result run per row in both (each row
-its own history, every image of the row). Each trainer runs in its own process and the two take turns step by step
-(`alternate.py`), as in `bench_grpo.py`.
+What differs: ours runs each group's prompt (its image included) once, in every turn and in the loss passes: the
+turns after a tool result continue the prompt's prefill with each row's own history and the tools' images, and the
+training forward feeds the tools' images to the completions' forward over the prompt's cache. Stock TRL runs every
+row's whole history. Each trainer runs in its own process and the two take turns step by step (`alternate.py`), as
+in `bench_grpo.py`.
 
 Printed per trainer: the median step, the median time inside the model's `generate`, tokens per step, tool calls
 per completion and rows entering the vision tower per step. The last line is `ratio tools: X` (ours / stock median

@@ -20,7 +20,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer, get_model_family
 from vlm_grpo.errors import VLMGRPOError
+from vlm_grpo.shared_prefix import FULL_ROWS, find_groups
 from vlm_grpo.testing import a_family_with, families_with
+from vlm_grpo.tool_rollout import prompt_images
 from vlm_grpo.trl_options import TOOL_TEMPLATE_MESSAGE
 
 TOOLS_FAMILY = a_family_with(tool_calls=True)
@@ -289,36 +291,113 @@ def test_what_vllm_does_not_run_with_tools_is_refused_in_one_line(
 
 def test_tool_results_are_masked_and_their_images_reach_the_forward(tools_model, tmp_path):
     """A rollout whose tool returned an image: tool-result tokens are 0 in `tool_mask` (the loss leaves them out),
-    the row's image inputs hold the prompt's image and then the tool's, and the trainer's log-probs of the row equal
-    a plain forward of the model on the whole row with those images."""
+    the row's image inputs hold the prompt's image and then the tool's, and the trainer's log-probs of every row
+    equal a plain forward of the model on the whole row with those images, also when each group's prompt runs once
+    (the tool's images then go with the completions' forward)."""
     processor = tools_model[1]
-    trainer = zoom_rollout_trainer(tools_model, tmp_path)
+    trainer = zoom_rollout_trainer(tools_model, tmp_path, share_prompt_prefix="true")
     batch = trainer._generate_and_score_completions(two_groups())
     image_token = trainer.family.image_token_id(processor)
     with_tool = [i for i, m in enumerate(batch["tool_mask"]) if (m == 0).any()]
     assert with_tool, "no row called the tool"
-    i = with_tool[0]
-    completion = batch["completion_ids"][i]
-    masked = batch["tool_mask"][i] == 0
-    assert (completion[masked] == image_token).any()  # the tool's image placeholders are tool-result tokens
-    assert not (
-        completion[~masked & batch["completion_mask"][i].bool()] == image_token
-    ).any()  # never sampled
-    grid = batch["image_inputs"][i]["image_grid_thw"]
-    assert grid.size(0) == 2  # the prompt's image, then the tool's
-    assert batch["sharing"].scoring is False and batch["sharing"].training is False  # full rows
-    ids = torch.cat([batch["prompt_ids"][i : i + 1], batch["completion_ids"][i : i + 1]], dim=1)
-    mask = torch.cat([batch["prompt_mask"][i : i + 1], batch["completion_mask"][i : i + 1]], dim=1)
+    for i in with_tool:
+        completion = batch["completion_ids"][i]
+        masked = batch["tool_mask"][i] == 0
+        assert (
+            completion[masked] == image_token
+        ).any()  # the tool's image placeholders are tool-result tokens
+        assert not (
+            completion[~masked & batch["completion_mask"][i].bool()] == image_token
+        ).any()  # not sampled
+        assert batch["image_inputs"][i]["image_grid_thw"].size(0) == 2  # the prompt's image, then the tool's
+    assert (
+        batch["sharing"].scoring and batch["sharing"].training
+    )  # the prompt once per group, tool images or not
+    groups = find_groups(batch["prompt_ids"], batch["image_inputs"])
+    assert groups.sizes == [2, 2]  # a row with a tool image stays in its group
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # [B, P+C]
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    width = batch["completion_ids"].size(1)
+    model = trainer.accelerator.unwrap_model(trainer.model)
     with torch.no_grad():
-        ours = trainer._policy_logps(
-            trainer.model, ids, mask, completion.size(0), 1, [batch["image_inputs"][i]], batch["sharing"]
-        )[0]  # [C]
+        shared = trainer._policy_logps(
+            trainer.model, ids, mask, width, 4, batch["image_inputs"], batch["sharing"]
+        )
+        for i in range(ids.size(0)):
+            inputs = trainer.family.model_inputs(
+                model.config, ids[i : i + 1], mask[i : i + 1], [batch["image_inputs"][i]]
+            )
+            logits = model(**inputs).logits[0, -width - 1 : -1]
+            plain_logps = torch.log_softmax(logits.float(), -1).gather(
+                -1, batch["completion_ids"][i, :, None]
+            )[:, 0]
+            keep = batch["completion_mask"][i].bool()
+            torch.testing.assert_close(shared[i][keep], plain_logps[keep], atol=1e-5, rtol=0)
+
+
+def test_sharing_with_tool_images_trains_as_full_rows(tools_model, tmp_path):
+    """The training step's loss and gradients with each group's prompt run once equal those of full rows, on a
+    rollout whose tools returned images."""
+    trainer = zoom_rollout_trainer(tools_model, tmp_path, share_prompt_prefix="true")
+    batch = trainer._generate_and_score_completions(two_groups())
+    assert (batch["tool_mask"] == 0).any() and batch["sharing"].training
+    trainer.current_gradient_accumulation_steps = 1  # what the training loop sets before a step
+    results = []
+    for plan in (batch["sharing"], FULL_ROWS):
+        trainer.model.zero_grad()
+        loss = trainer._compute_loss(trainer.model, {**batch, "sharing": plan})
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), grads))
+    (shared_loss, shared_grads), (full_loss, full_grads) = results
+    torch.testing.assert_close(shared_loss, full_loss, atol=1e-6, rtol=1e-5)
+    assert shared_grads.keys() == full_grads.keys() and any(map(trainer.family.is_vision_module, full_grads))
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_the_next_turns_prefill_each_groups_prompt_once(tools_model, tmp_path):
+    """With a shared prefix, the turns after a tool result continue each group's prompt from one prefill of it (its
+    image through the vision tower once per group, not once per row), and sample exactly the tokens that full rows
+    sample from the same seed: every turn, tool call and tool image alike."""
+    rollouts = {}
+    for mode in ("true", "false"):
+        trainer = zoom_rollout_trainer(tools_model, tmp_path / mode, share_prompt_prefix=mode)
         model = trainer.accelerator.unwrap_model(trainer.model)
-        inputs = trainer.family.model_inputs(model.config, ids, mask, [batch["image_inputs"][i]])
-        logits = model(**inputs).logits[0, -completion.size(0) - 1 : -1]
-        plain_logps = torch.log_softmax(logits.float(), -1).gather(-1, completion[:, None])[:, 0]
-    keep = batch["completion_mask"][i].bool()
-    torch.testing.assert_close(ours[keep], plain_logps[keep], atol=1e-5, rtol=0)
+        tower = min(
+            ((n, m) for n, m in model.named_modules() if n and trainer.family.is_vision_module(n)),
+            key=lambda item: len(item[0]),
+        )[1]
+        patches = []
+        tower.register_forward_pre_hook(
+            lambda module, args, kwargs, seen=patches: seen.append(args[0].size(0)), with_kwargs=True
+        )
+        torch.manual_seed(1)
+        batch = trainer._generate_and_score_completions(two_groups())
+        rollouts[mode] = (trainer, batch, plain(trainer._logs["completion"]), sum(patches))
+    (
+        (shared_trainer, shared, shared_completions, shared_patches),
+        (_, full, full_completions, full_patches),
+    ) = rollouts.values()
+    assert shared["sharing"].generation and not full["sharing"].generation
+    assert shared_completions == full_completions
+    for key in ("completion_ids", "completion_mask", "tool_mask"):
+        assert torch.equal(shared[key], full[key]), key
+    # the prompt image's patches: once per group in every turn, against once per row
+    prompt_patches = prompt_images(shared["image_inputs"][0])[shared_trainer.family.image_input_keys[0]].size(
+        0
+    )
+    turns = [
+        sum(m["role"] == "assistant" for m in c) for c in shared_completions
+    ]  # rows of groups (0, 1), (2, 3)
+    later = [
+        [r for r in range(4) if turns[r] > k] for k in range(1, max(turns))
+    ]  # rows sampled in each later turn
+    repeated = sum(
+        len(rows) - len({r // 2 for r in rows}) for rows in later
+    )  # rows that reuse their group's prefill
+    assert repeated > 0, turns
+    assert full_patches - shared_patches == (2 + repeated) * prompt_patches
 
 
 class Canvas:
@@ -475,6 +554,9 @@ def test_a_checkpoint_holds_the_multi_turn_rollout(tools_model, tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         if i and rows[i] is rows[i - 1]:
             assert back[i] is back[i - 1]
+        if i and prompt_images(rows[i]) is prompt_images(rows[i - 1]):  # one group, tool images or not
+            assert prompt_images(back[i]) is prompt_images(back[i - 1])
+    assert any(prompt_images(r) is not r for r in back)  # rows with tool images keep their parts
 
 
 def test_a_tool_result_past_the_completion_budget_is_rolled_back_with_one_log_line(

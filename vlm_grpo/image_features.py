@@ -12,7 +12,8 @@ from the cache, row by row. The image tensors it receives are those of some of t
 order (all rows, or one per group on the shared-prefix path); each row is recognised by its tensors being equal to
 the next slice of the input, so a match is exact by construction. The cache key is the row's per-sample image dict
 (`EncodedPrompt.image_inputs`, one object shared by the G rows of a group); rows not seen yet are computed with the
-original method. The per-row outputs are joined as one batched call would return them
+original method. A row whose tools returned images counts as its two parts, the prompt's (its group's entry) and the
+tools' (`tool_rollout.ToolImageRow`). The per-row outputs are joined as one batched call would return them
 (`ModelFamily.join_image_features`). Input that matches no sequence of rows is passed to the original method.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from .models import ModelFamily
+from .tool_rollout import image_parts
 
 
 class ImageFeatureCache:
@@ -47,7 +49,7 @@ class ImageFeatureCache:
 
     def keep(self, image_inputs: Sequence[dict[str, torch.Tensor]]) -> None:
         """Forget the outputs of every row but these (dynamic sampling dropped the others' groups)."""
-        kept = {id(row) for row in image_inputs}
+        kept = {id(part) for part in image_parts(image_inputs)}
         self._outputs = {key: value for key, value in self._outputs.items() if key in kept}
 
     @contextmanager
@@ -62,7 +64,7 @@ class ImageFeatureCache:
         """
         owner = self.family.image_encoder_owner(model)
         original = owner.get_image_features
-        candidates = [row for row in image_inputs if row]
+        candidates = [part for part in image_parts(image_inputs) if part]
 
         def cached(pixel_values: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             rows = self._match_rows(pixel_values, args, kwargs, candidates)

@@ -8,7 +8,8 @@ inside a generation batch, each process's buffered micro-batches (`rollout_buffe
 on the very completions, advantages and log-probs the uninterrupted run trains on.
 
 The file holds only tensors, numbers, strings and lists (loaded with `weights_only=True`). The per-sample image dicts
-are stored once each and referenced by index, since the G rows of a group share one dict object and the shared
+are stored once each and referenced by index (a row whose tools returned images by its three dicts, see
+`tool_rollout.ToolImageRow`), since the G rows of a group share one dict object and the shared
 prefix and the image-feature cache find groups by that identity. The `SharingPlan` is stored as its fields.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from .shared_prefix import SharingPlan
+from .tool_rollout import ToolImageRow
 
 STATE_FILE = "rollout_state.json"
 """The micro-step count, in each checkpoint folder."""
@@ -66,6 +68,21 @@ def load_rollout(
     return step, _decode(torch.load(path, map_location=device, weights_only=True))
 
 
+def _image_entry(row: dict[str, torch.Tensor], images: list[dict], index: dict[int, int]) -> int | list[int]:
+    """Where a row's image dict is saved: its place in `images` (each distinct dict once), or for a
+    `ToolImageRow` the places of its dict, its prompt's and its tools' (plain dicts; `_decode` joins them again)."""
+
+    def place(images_dict: dict[str, torch.Tensor]) -> int:
+        if id(images_dict) not in index:
+            index[id(images_dict)] = len(images)
+            images.append(dict(images_dict))
+        return index[id(images_dict)]
+
+    if isinstance(row, ToolImageRow):
+        return [place(row), place(row.prompt), place(row.tools)]
+    return place(row)
+
+
 def _encode(buffered: list[dict[str, Any]]) -> dict[str, Any]:
     images: list[dict[str, torch.Tensor]] = []
     index: dict[int, int] = {}  # id(image dict) -> its place in `images`
@@ -74,13 +91,7 @@ def _encode(buffered: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in micro_batch.items():
             if key == "image_inputs":
-                rows = []
-                for row in value:
-                    if id(row) not in index:
-                        index[id(row)] = len(images)
-                        images.append(row)
-                    rows.append(index[id(row)])
-                out[key] = rows
+                out[key] = [_image_entry(row, images, index) for row in value]
             elif key == "sharing":
                 out[key] = asdict(value)
             elif isinstance(value, torch.Tensor | int | float | bool | str) or value is None:
@@ -96,7 +107,10 @@ def _decode(saved: dict[str, Any]) -> list[dict[str, Any]]:
     buffered = []
     for micro_batch in saved["batches"]:
         batch = dict(micro_batch)
-        batch["image_inputs"] = [images[i] for i in micro_batch["image_inputs"]]
+        batch["image_inputs"] = [
+            images[i] if isinstance(i, int) else ToolImageRow(*(images[j] for j in i))
+            for i in micro_batch["image_inputs"]
+        ]
         plan = micro_batch["sharing"]
         batch["sharing"] = SharingPlan(
             plan["generation"],

@@ -5,7 +5,8 @@ the vision tower, and every layer over P tokens. Here the prompt runs once per g
 (`use_cache=True`); the cache is then indexed to the B rows, and a second forward runs only the `C+1` remaining
 tokens (the prompt's last token, whose logits score the first completion token, then the completion). Both forwards
 are ordinary calls of the (wrapped) model, so gradients reach the prompt part, the vision tower included, through
-the cache, and ZeRO-3, DDP and PEFT wrappers see normal forwards. Under (non-reentrant) gradient checkpointing
+the cache, and ZeRO-3, DDP and PEFT wrappers see normal forwards. Images that tools returned inside a completion
+(multi-turn rollouts) go with the second forward. Under (non-reentrant) gradient checkpointing
 the cache is a `ReplayableCache`, which a layer's backward replay leaves unchanged.
 
 Rows of one group are consecutive and share one per-sample image dict object: the trainer encodes the rows that
@@ -33,6 +34,7 @@ from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .models import ModelFamily
+from .tool_rollout import completion_images, prompt_images
 
 CACHE = "cache" if Version(transformers.__version__) >= Version("5.24.0") else "past_key_values"
 """The name of the KV-cache argument and output of models and `generate` (`past_key_values` before 5.24)."""
@@ -57,14 +59,16 @@ class PromptGroups:
 
 
 def find_groups(prompt_ids: torch.Tensor, image_inputs: Sequence[dict]) -> PromptGroups:
-    """Group consecutive rows whose prompt ids are equal and whose image dict is the same object.
+    """Group consecutive rows whose prompt ids are equal and whose prompt's image dict is the same object.
 
     Args:
         prompt_ids (`torch.Tensor`): `[B, P]` left-padded prompt ids (padding included in the comparison).
-        image_inputs (`Sequence[dict]`): the B per-sample image dicts; copies of one prompt share one object.
+        image_inputs (`Sequence[dict]`): the B per-sample image dicts; copies of one prompt share one object (a row
+            whose tools returned images shares its prompt's part, see `tool_rollout.ToolImageRow`).
     """
+    prompts = [prompt_images(row) for row in image_inputs]
     same = [
-        i > 0 and image_inputs[i] is image_inputs[i - 1] and torch.equal(prompt_ids[i], prompt_ids[i - 1])
+        i > 0 and prompts[i] is prompts[i - 1] and torch.equal(prompt_ids[i], prompt_ids[i - 1])
         for i in range(prompt_ids.size(0))
     ]
     starts = [i for i, s in enumerate(same) if not s]
@@ -189,6 +193,9 @@ class SharingPolicy:
         zero3_frozen_vision (`bool`, defaults to False): ZeRO-3 with the vision tower frozen.
         reentrant_checkpointing (`bool`, defaults to False): gradient checkpointing with `use_reentrant: true`.
         aux_loss (`bool`, defaults to False): the training forward returns the router aux loss.
+        bidirectional_images (`bool`, defaults to False): the language model attends bidirectionally among each
+            image's tokens (`ModelFamily.bidirectional_image_attention`): images inside completions (tool results)
+            then need full rows, as the completion's forward over the cache would see them causally.
     """
 
     def __init__(
@@ -200,8 +207,10 @@ class SharingPolicy:
         zero3_frozen_vision: bool = False,
         reentrant_checkpointing: bool = False,
         aux_loss: bool = False,
+        bidirectional_images: bool = False,
     ):
         self.mode = mode
+        self.bidirectional_images = bidirectional_images
         every = []
         if mode == "false":
             every.append("share_prompt_prefix is false")
@@ -260,13 +269,13 @@ class SharingPolicy:
                 must take the same decision, as ZeRO-3 gathers parameters collectively in each forward.
             generation (`bool`): what `shares_generation` decided for this batch's sampling.
             completion_images (`bool`, *optional*, defaults to `False`): some completion holds images (tool
-                results); the log-prob passes then run full rows, whose image inputs follow the placeholders of the
-                whole row. It must be the same on every process.
+                results); with bidirectional image attention the log-prob passes then run full rows. It must be the
+                same on every process.
         """
         reasons = self._reasons(prompt_len, completion_len, group_sizes, agree)
-        if completion_images:
+        if completion_images and self.bidirectional_images:
             for name in ("scoring", "training"):
-                reasons[name] = (*reasons.get(name, ()), "tool results hold images")
+                reasons[name] = (*reasons.get(name, ()), "tool results hold images, attended bidirectionally")
         if generation:
             reasons.pop("generation", None)
         else:
@@ -402,7 +411,7 @@ def _prefix_cache(
         base_model.config,
         prompt_ids[first, :-1],  # [U, P-1]
         prompt_mask[first, :-1],
-        [image_inputs[i] for i in groups.first.tolist()],
+        [prompt_images(image_inputs[i]) for i in groups.first.tolist()],
     )
     if positions is not None:
         inputs["position_ids"] = positions[..., first, : prompt_ids.size(1) - 1]
@@ -461,7 +470,10 @@ def shared_prefix_logps(
             positions,
             ReplayableCache(base_model.config),
         )
-        inputs = {"input_ids": suffix_ids, "attention_mask": attention_mask, CACHE: cache}
+        inputs = family.model_inputs(
+            base_model.config, suffix_ids, attention_mask, [completion_images(row) for row in image_inputs]
+        )  # the images that tools returned inside the completions, if any
+        inputs[CACHE] = cache
         if positions is not None:
             inputs["position_ids"] = positions[..., prompt_len - 1 :]
         outputs = model(**inputs, shift_labels=shift_labels, fused_lm_head=True)
@@ -499,4 +511,64 @@ def shared_prefix_generate(
     family.prepare_generation_from_cache(base_model, prompt_ids, prompt_mask, image_inputs)
     return model.generate(
         input_ids=prompt_ids, attention_mask=prompt_mask, **{CACHE: cache}, **generate_kwargs
+    )
+
+
+def shared_prefix_continue(
+    model: torch.nn.Module,
+    base_model: torch.nn.Module,
+    family: ModelFamily,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    continuation_ids: torch.Tensor,
+    continuation_mask: torch.Tensor,
+    image_inputs: Sequence[dict],
+    **generate_kwargs: Any,
+) -> torch.Tensor:
+    """`model.generate` of the next turn of multi-turn rows, each group's prompt prefilled once.
+
+    Each row is its group's prompt followed by its own continuation (the turns so far and the tools' results, their
+    images included). The prompt runs once per group; the cache is indexed to the rows; each row's continuation
+    but its last token runs over it, with the images the tools returned; `generate` goes on from there. The rows are
+    laid out as `[prompt | continuation]`, each part left-padded on its own, so the attention mask has a hole where
+    a continuation is padded; positions count unpadded tokens, as `generate` counts them.
+
+    Args:
+        model (`PreTrainedModel`): the unwrapped model (inside `unwrap_model_for_generation`), PEFT or not.
+        base_model (`PreTrainedModel`): the transformers model under PEFT (or `model` itself).
+        family (`ModelFamily`): the family's module.
+        prompt_ids (`torch.Tensor`): `[B, P]` left-padded prompt ids, rows of one group consecutive.
+        prompt_mask (`torch.Tensor`): `[B, P]`.
+        continuation_ids (`torch.Tensor`): `[B, T]` left-padded continuations, `T >= 1`.
+        continuation_mask (`torch.Tensor`): `[B, T]`.
+        image_inputs (`Sequence[dict]`): the B rows' image inputs: the prompt's (one object per group), or a
+            `tool_rollout.ToolImageRow` for a row whose tools returned images.
+        **generate_kwargs: passed to `generate` (e.g. `generation_config`).
+
+    Returns:
+        `[B, P+T+N]` the rows followed by the N sampled tokens, as `generate` returns them.
+    """
+    prompt_len = prompt_ids.size(1)  # P
+    input_ids = torch.cat([prompt_ids, continuation_ids], dim=1)  # [B, P+T]
+    attention_mask = torch.cat([prompt_mask, continuation_mask], dim=1)  # [B, P+T]
+    groups = find_groups(prompt_ids, image_inputs)
+    positions = family.position_ids(base_model, input_ids, attention_mask, image_inputs, generation=True)
+    # `_prefix_cache` runs all but the last column it is given: here the prompt's P columns
+    cache = _prefix_cache(
+        model, base_model, family, input_ids[:, : prompt_len + 1], attention_mask[:, : prompt_len + 1],
+        image_inputs, groups, positions,
+    )  # fmt: skip
+    if continuation_ids.size(1) > 1:
+        inputs = family.model_inputs(
+            base_model.config,
+            input_ids[:, prompt_len:-1],  # [B, T-1]
+            attention_mask[:, :-1],
+            [completion_images(row) for row in image_inputs],
+        )
+        if positions is not None:
+            inputs["position_ids"] = positions[..., prompt_len:-1]
+        model(**inputs, **{CACHE: cache}, use_cache=True, logits_to_keep=1)
+    family.prepare_generation_from_cache(base_model, input_ids, attention_mask, image_inputs)
+    return model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, **{CACHE: cache}, **generate_kwargs
     )

@@ -10,7 +10,11 @@ which the loss leaves out) and the images the tools returned.
 `VLMGRPOTrainer` keeps that loop, so the semantics are TRL's, and supplies what is model-specific around it: the
 first turn is sampled as any rollout (each group's prompt encoded and prefilled once), the next turns go through the
 family's module (`VLMGRPOTrainer._generate_single_turn`), and a row whose tools returned images gets its own image
-inputs, the prompt's images followed by the tools', in the order their placeholders appear (`row_image_inputs`).
+inputs, the prompt's images followed by the tools', in the order their placeholders appear (`row_image_inputs`,
+`ToolImageRow`). Each group's prompt still runs once after the first turn: the next turns find the prompt each row
+starts with (`history_prompts`) and continue it from one prefill, and the log-prob passes feed the tools' images to
+the completions' forward over the prompt's cache (see `shared_prefix`).
+
 This module holds those pieces and the per-batch setup TRL does in its own `_generate_and_score_completions`:
 the environments drawn from their pool and reset (`reset_environments`), and each row's tools (`tool_dicts`).
 """
@@ -122,6 +126,83 @@ def tool_dicts(
     return sync, asynchronous
 
 
+class ToolImageRow(dict):
+    """The image inputs of a row whose tools returned images: the prompt's images followed by the tools', in the order
+    their placeholders appear, as one dict (what a full-row forward takes), which also keeps its two parts.
+
+    `prompt` is the group's own dict (the same object in every row of the group, which is how groups are found) and
+    `tools` the tools' images of this row, which a shared-prefix pass feeds to the completion's forward.
+
+    Args:
+        images (`dict[str, torch.Tensor]`): the row's image inputs, `ModelFamily.collate([prompt, tools])`.
+        prompt (`dict[str, torch.Tensor]`): the prompt's image inputs (`EncodedPrompt.image_inputs`).
+        tools (`dict[str, torch.Tensor]`): the image inputs of the images the row's tools returned.
+    """
+
+    def __init__(
+        self, images: dict[str, torch.Tensor], prompt: dict[str, torch.Tensor], tools: dict[str, torch.Tensor]
+    ):
+        super().__init__(images)
+        self.prompt = prompt
+        self.tools = tools
+
+
+def prompt_images(row: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The image inputs of a row's prompt: the row's own, or the prompt part of a `ToolImageRow`."""
+    return row.prompt if isinstance(row, ToolImageRow) else row
+
+
+def completion_images(row: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The image inputs of the images inside a row's completion: those of its tools (`ToolImageRow`), or none."""
+    return row.tools if isinstance(row, ToolImageRow) else {}
+
+
+def image_parts(rows: Sequence[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """The rows' image dicts split into their parts, in placeholder order (a `ToolImageRow` gives its prompt's and
+    its tools'): concatenated, they hold exactly the tensors of the rows."""
+    return [
+        part
+        for row in rows
+        for part in ((row.prompt, row.tools) if isinstance(row, ToolImageRow) else (row,))
+    ]
+
+
+def history_prompts(
+    histories: Sequence[Sequence[int]],
+    images: Sequence[Sequence[Any] | None] | None,
+    prompts: Sequence[tuple[EncodedPrompt, Sequence[Any]]],
+) -> list[EncodedPrompt] | None:
+    """The encoded prompt each multi-turn row starts with, found among the batch's prompts; None if a row starts with
+    none of them.
+
+    A row starts with a prompt when its ids begin with the prompt's ids and its images with the prompt's very image
+    objects (TRL's tool loop keeps them, and appends the tools' images after them).
+
+    Args:
+        histories (`Sequence[Sequence[int]]`): the rows' ids: prompt, turns so far and tool results.
+        images (`Sequence`, *optional*): each row's images (the prompt's, then the tools'), or None for none at all.
+        prompts (`Sequence[tuple[EncodedPrompt, Sequence[PIL.Image.Image]]]`): the batch's distinct prompts, each
+            with the images of its rows.
+    """
+    found = []
+    for ids, pictures in zip(histories, images or [None] * len(histories), strict=True):
+        pictures = pictures or []
+        match = next(
+            (
+                prompt
+                for prompt, shown in prompts
+                if len(shown) <= len(pictures)
+                and all(a is b for a, b in zip(shown, pictures, strict=False))
+                and list(ids[: len(prompt.input_ids)]) == prompt.input_ids
+            ),
+            None,
+        )
+        if match is None:
+            return None
+        found.append(match)
+    return found
+
+
 def row_image_inputs(
     family: ModelFamily,
     processor: Any,
@@ -129,8 +210,8 @@ def row_image_inputs(
     tool_images: Sequence[Sequence[Any]],
     device: torch.device,
 ) -> list[dict[str, torch.Tensor]]:
-    """Each row's image inputs: its prompt's (shared by its group), or for a row whose tools returned images, a dict of
-    its own with the prompt's images followed by the tools', in placeholder order.
+    """Each row's image inputs: its prompt's (shared by its group), or for a row whose tools returned images, a
+    `ToolImageRow` holding the prompt's images followed by the tools'.
 
     Args:
         family (`ModelFamily`): the family's module (`encode_images`, `collate`).
@@ -145,7 +226,7 @@ def row_image_inputs(
             rows.append(prompt.image_inputs)
             continue
         tools = {k: v.to(device) for k, v in family.encode_images(processor, images).items()}
-        rows.append(family.collate([prompt.image_inputs, tools]))
+        rows.append(ToolImageRow(family.collate([prompt.image_inputs, tools]), prompt.image_inputs, tools))
     return rows
 
 

@@ -23,8 +23,8 @@ import copy
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -70,12 +70,21 @@ from .shared_prefix import (
     SharingPlan,
     SharingPolicy,
     group_sizes,
+    shared_prefix_continue,
     shared_prefix_generate,
     shared_prefix_logps,
     shuffle_batch,
 )
 from .signal_watch import SignalWatch
-from .tool_rollout import draw_environments, reset_environments, row_image_inputs, tool_dicts, tool_metrics
+from .tool_rollout import (
+    ToolImageRow,
+    draw_environments,
+    history_prompts,
+    reset_environments,
+    row_image_inputs,
+    tool_dicts,
+    tool_metrics,
+)
 from .trl_options import check_tool_template, refuse_trainer_arguments
 from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
 from .vllm_correction import importance_sampling_ratio, local_statistics, sampling_metrics
@@ -215,6 +224,8 @@ class VLMGRPOTrainer(GRPOTrainer):
             self.args.no_signal_warning_steps, self.args.no_signal_warning_every, samples
         )
         self._vision_dummy: EncodedPrompt | None = None
+        # during the tool loop of a batch whose generation shares: its distinct prompts and their images
+        self._turn_prompts: list[tuple[EncodedPrompt, list]] | None = None
         zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
         # ZeRO-3 gathers each module's shards collectively: see `vision_dummy`
         self._zero3_multi_process = zero3 and self.accelerator.num_processes > 1
@@ -250,6 +261,9 @@ class VLMGRPOTrainer(GRPOTrainer):
             reentrant_checkpointing=self.args.gradient_checkpointing
             and checkpointing.get("use_reentrant", False),
             aux_loss=self.aux_loss_enabled,
+            bidirectional_images=self.family.bidirectional_image_attention(
+                self.accelerator.unwrap_model(self.model).config
+            ),
         )
 
     def _merged_generation_config(self) -> GenerationConfig:
@@ -455,10 +469,19 @@ class VLMGRPOTrainer(GRPOTrainer):
         prompts = [prepare_multimodal_messages(r["prompt"], images=r["images"]) for r in rows]
         images = [r["images"] or None for r in rows]
         logps = None if sampled.sampling_logps is None else [list(x) for x in sampled.sampling_logps]
-        tool_mask, completions, completion_ids, logps, calls, failures, tool_images = self._tool_call_loop(
-            prompts, [e.input_ids for e in sampled.encoded], [list(c) for c in sampled.completion_ids],
-            sampled.completions, logps, images if any(images) else None, {},
+        # the next turns share each group's prompt as the first did: the batch's distinct prompts, with their images
+        self._turn_prompts = (
+            [(e, r["images"]) for i, (e, r) in enumerate(zip(sampled.encoded, rows, strict=True))
+             if i == 0 or e is not sampled.encoded[i - 1]]
+            if sampled.shared_generation else None
         )  # fmt: skip
+        try:
+            tool_mask, completions, completion_ids, logps, calls, failures, tool_images = self._tool_call_loop(
+                prompts, [e.input_ids for e in sampled.encoded], [list(c) for c in sampled.completion_ids],
+                sampled.completions, logps, images if any(images) else None, {},
+            )  # fmt: skip
+        finally:
+            self._turn_prompts = None
         counts = (
             self.accelerator.gather(
                 torch.tensor(
@@ -489,11 +512,16 @@ class VLMGRPOTrainer(GRPOTrainer):
         ids of prompt, completion and tool results, and every image of the row: the prompt's, then the tools').
 
         vLLM samples as in TRL, from each row's ids with one placeholder per image (`vllm_history_ids`: vLLM expands
-        them itself, TRL hands them expanded); transformers' `generate` runs on the family's inputs of each row.
+        them itself, TRL hands them expanded). transformers' `generate` continues each group's prompt from one
+        prefill of it when the batch's first turn did (`_continue_turns`), else runs on the family's inputs of each
+        row.
         """
         if self.use_vllm:
             ids = [self.family.vllm_history_ids(self.processing_class, row) for row in prompt_ids]
             return super()._generate_single_turn(ids, images, {}, num_generations, has_tool_images)
+        prompts = self._turn_prompts and history_prompts(prompt_ids, images, self._turn_prompts)
+        if prompts:
+            return self._continue_turns(prompt_ids, images, prompts), None
         device = self.accelerator.device
         encoded = []
         for ids, pictures in zip(prompt_ids, images or [None] * len(prompt_ids), strict=True):
@@ -607,14 +635,64 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     def _sample_with_transformers(self, encoded: list[EncodedPrompt], shared: bool) -> list[list[int]]:
         """`generate` on the left-padded prompts; each group's prompt is prefilled once when the prefix is shared."""
-        prompt_ids, prompt_mask = pad_rows(
-            [e.input_ids for e in encoded], self._tokenizer.pad_token_id, "left", self.pad_to_multiple_of
-        )  # [B, P]
-        prompt_ids, prompt_mask = (
-            prompt_ids.to(self.accelerator.device),
-            prompt_mask.to(self.accelerator.device),
-        )
+        prompt_ids, prompt_mask = self._left_padded([e.input_ids for e in encoded])  # [B, P]
         image_inputs = [e.image_inputs for e in encoded]
+        with self._generating(image_inputs) as unwrapped_model:
+            if shared:
+                output = shared_prefix_generate(
+                    unwrapped_model, self._base_model(unwrapped_model), self.family, prompt_ids, prompt_mask,
+                    image_inputs, generation_config=self.generation_config,
+                )  # fmt: skip
+            else:
+                config = self.accelerator.unwrap_model(self.model).config
+                inputs = self.family.model_inputs(config, prompt_ids, prompt_mask, image_inputs)
+                output = unwrapped_model.generate(**inputs, generation_config=self.generation_config)
+        return self._cut_completions(output[:, prompt_ids.size(1) :])
+
+    def _continue_turns(
+        self, histories: list[list[int]], images: list[list | None] | None, prompts: list[EncodedPrompt]
+    ) -> list[list[int]]:
+        """The next turn of multi-turn rows, each group's prompt prefilled once (see `shared_prefix_continue`): the
+        rows' continuations (turns so far, tool results) and the tools' images run per row over the prompt's cache.
+
+        Args:
+            histories (`list[list[int]]`): the rows' ids, each starting with its prompt's.
+            images (`list`, *optional*): each row's images, the prompt's then the tools'.
+            prompts (`list[EncodedPrompt]`): the prompt each row starts with (`tool_rollout.history_prompts`).
+        """
+        device = self.accelerator.device
+        image_inputs = []
+        for prompt, pictures in zip(prompts, images or [None] * len(prompts), strict=True):
+            returned = (pictures or [])[prompt.num_images :]  # the images the tools returned
+            if not returned:
+                image_inputs.append(prompt.image_inputs)
+                continue
+            tools = {
+                k: v.to(device) for k, v in self.family.encode_images(self.processing_class, returned).items()
+            }
+            image_inputs.append(
+                ToolImageRow(self.family.collate([prompt.image_inputs, tools]), prompt.image_inputs, tools)
+            )
+        prompt_ids, prompt_mask = self._left_padded([p.input_ids for p in prompts])  # [B, P]
+        continuation_ids, continuation_mask = self._left_padded(
+            [h[len(p.input_ids) :] for h, p in zip(histories, prompts, strict=True)]
+        )  # [B, T]
+        with self._generating(image_inputs) as unwrapped_model:
+            output = shared_prefix_continue(
+                unwrapped_model, self._base_model(unwrapped_model), self.family, prompt_ids, prompt_mask,
+                continuation_ids, continuation_mask, image_inputs, generation_config=self.generation_config,
+            )  # fmt: skip
+        return self._cut_completions(output[:, prompt_ids.size(1) + continuation_ids.size(1) :])
+
+    def _left_padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(ids [B, L], mask [B, L])`: the rows left-padded as TRL pads prompts, on the device."""
+        ids, mask = pad_rows(rows, self._tokenizer.pad_token_id, "left", self.pad_to_multiple_of)
+        return ids.to(self.accelerator.device), mask.to(self.accelerator.device)
+
+    @contextmanager
+    def _generating(self, image_inputs: Sequence[dict]) -> Iterator[torch.nn.Module]:
+        """The model to call `generate` on (ZeRO-3 parameters gathered as TRL does), without gradients, its stored
+        image features reused."""
         with (
             profiling_context(self, "transformers.generate"),
             unwrap_model_for_generation(
@@ -627,18 +705,12 @@ class VLMGRPOTrainer(GRPOTrainer):
             torch.no_grad(),
             self._reusing_image_features(unwrapped_model, image_inputs),
         ):
-            if shared:
-                base_model = self._base_model(unwrapped_model)
-                output = shared_prefix_generate(
-                    unwrapped_model, base_model, self.family, prompt_ids, prompt_mask, image_inputs,
-                    generation_config=self.generation_config,
-                )  # fmt: skip
-            else:
-                config = self.accelerator.unwrap_model(self.model).config
-                inputs = self.family.model_inputs(config, prompt_ids, prompt_mask, image_inputs)
-                output = unwrapped_model.generate(**inputs, generation_config=self.generation_config)
-        completion_ids = output[:, prompt_ids.size(1) :].cpu()  # [B, C]
-        is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids))  # [B, C]
+            yield unwrapped_model
+
+    def _cut_completions(self, sampled: torch.Tensor) -> list[list[int]]:
+        """Each row's sampled tokens `[B, N]` up to and including its first eos."""
+        completion_ids = sampled.cpu()  # [B, N]
+        is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids))  # [B, N]
         lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completion_ids.size(1))  # eos kept
         return [row[:n].tolist() for row, n in zip(completion_ids, lengths.tolist(), strict=True)]
 
