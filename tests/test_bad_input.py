@@ -158,7 +158,10 @@ def test_missing_model_folder_is_named(tmp_path, data, capsys, monkeypatch, wher
 
 
 def test_hub_id_that_cannot_be_fetched_is_one_line(tmp_path, data, capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # for processes started from here
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # this one read it at import
     line = error_line(capsys, "train", str(write_train_yaml(tmp_path, "no-such-org/no-such-model", data)))
     assert (
         "model no-such-org/no-such-model is no local folder, and fetching it from the Hugging Face hub"

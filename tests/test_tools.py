@@ -258,9 +258,9 @@ class Counter:
     [
         (
             "environment_factory",
-            "colocate",
-            "environment_factory with use_vllm: rollouts with environments run with transformers' generation for "
-            "now; set use_vllm: false (tools run with vLLM in colocate mode).",
+            "server",
+            "environment_factory with vllm_mode: server: multi-turn rollouts with tools run with vLLM in colocate "
+            "mode for now; set vllm_mode: colocate, or use_vllm: false.",
         ),
         (
             "tools",
@@ -273,8 +273,8 @@ class Counter:
 def test_what_vllm_does_not_run_with_tools_is_refused_in_one_line(
     given, mode, message, tools_model, tmp_path
 ):
-    """Tools run with vLLM in colocate mode (`test_vllm_tools.py`); environments with vLLM, and tools with a vLLM
-    server, stop at construction in one line."""
+    """Tools and environments run with vLLM in colocate mode (`test_vllm_tools.py`); with a vLLM server they stop
+    at construction in one line."""
     path, processor, _ = tools_model
     args = VLMGRPOConfig(
         output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False, report_to="none", use_vllm=True,

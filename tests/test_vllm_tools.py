@@ -1,4 +1,5 @@
-"""Real vLLM (TRL's colocate mode) with tools whose results are images, on each family whose template calls tools.
+"""Real vLLM (TRL's colocate mode) with tools whose results are images and an environment, on each family whose
+template calls tools.
 
 Each family runs in a fresh process (`vllm_tools_worker.py`): 2 training steps in which vLLM samples every turn, then
 one turn after a tool's image that vLLM samples and the trainer scores. TRL's tool loop hands vLLM each history with
@@ -37,10 +38,13 @@ def test_tool_turns_sampled_by_vllm_see_the_rows_images(family, tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
 
-    # Training: vLLM sampled the calls, the tool's image came back, and no call failed.
+    # Training: vLLM sampled the calls, the tool's image came back, and no call failed; each prompt held its
+    # environment's `reset` observation, and the environment's `get_reward` was a reward.
     steps = [e for e in result["log_history"] if "loss" in e]
     assert len(steps) == 2 and any(e["tools/call_frequency"] > 0 for e in steps), steps
     assert all(e["tools/failure_frequency"] == 0 for e in steps), steps
+    assert all("rewards/Canvas/mean" in e for e in steps), steps
+    assert result["prompts"] and all("The square is" in p for p in result["prompts"]), result["prompts"]
     # The turn after a tool's image: vLLM expands the row it is handed into the trained row (both images in place),
     # where the row as TRL hands it would be expanded again; its sampling log-probs are the trainer's.
     assert result["images_in_row"] == 2 and result["placeholders"] > 2

@@ -1,13 +1,15 @@
 """vLLM with tools, run by `test_vllm_tools.py` in a fresh process: `python vllm_tools_worker.py FAMILY OUT`.
 
-Trains 2 colocate steps of FAMILY's tiny model with a tool that returns an image; vLLM's structured outputs (TRL's
+Trains 2 colocate steps of FAMILY's tiny model with a tool that returns an image and an environment (its `reset`
+observation joins each prompt, its `get_reward` is a reward); vLLM's structured outputs (TRL's
 `vllm_structured_outputs_regex`, the same in every turn) make each turn either the tool call the family's template
 renders or a one-word answer, so that some rows call the tool and answer after its image. Then scores one turn after
 a tool result: vLLM samples it (the trainer's `_generate_single_turn`, as TRL's tool loop calls it, unconstrained)
 from a history of the prompt's image and the tool's image, and the trainer computes the log-probs of the same tokens
 from the same history; vLLM then scores that row as the trainer hands it over. Writes `OUT/result.json`:
 
-- `log_history`, `completions` (the last step's, images as their sizes): the training run;
+- `log_history`, `completions` (the last step's, images as their sizes) and `prompts` (theirs):
+  the training run;
 - `sampled_gap`: the largest gap between vLLM's sampling log-prob and the trainer's of a token of that turn;
 - `expanded_as_trained`: whether vLLM expanded the row it was handed (one placeholder per image,
   `ModelFamily.vllm_history_ids`) into exactly the ids the trainer trains on; `expanded_again`: how many tokens
@@ -30,7 +32,7 @@ def main(family: str, out: Path) -> None:
     import vllm
     from conftest import color_rows, square_image
     from datasets import Dataset
-    from test_tools import COMMON, call_text, family_model, plain, turns_reward, zoom
+    from test_tools import COMMON, Canvas, call_text, family_model, plain, turns_reward, zoom
     from vllm_worker import trainer_logps
 
     from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer
@@ -46,12 +48,18 @@ def main(family: str, out: Path) -> None:
         vllm_structured_outputs_regex=re.escape(lead) + f"({re.escape(call)}|red|blue)",
     )  # fmt: skip
     trainer = VLMGRPOTrainer(
-        path, turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=[zoom]
+        path,
+        turns_reward,
+        args=args,
+        train_dataset=Dataset.from_list(color_rows(8)),
+        tools=[zoom],
+        environment_factory=Canvas,
     )
     trainer.train()
     result = {
         "log_history": trainer.state.log_history,
         "completions": str(plain(list(trainer._logs["completion"]))),
+        "prompts": [str(p) for p in trainer._logs["prompt"]],
     }
 
     # One turn after a tool result, sampled by vLLM without the regex.

@@ -233,13 +233,9 @@ def refuse_trainer_arguments(
             "sync_ref_model with PEFT: the reference is the policy with its adapter disabled, there is no "
             "reference model to sync (as in TRL); set sync_ref_model: false or train without PEFT."
         )
-    if environment_factory is not None and args.use_vllm:
+    if (tools or environment_factory is not None) and args.use_vllm and args.vllm_mode != "colocate":
+        given = "tools" if tools else "environment_factory"
         raise VLMGRPOError(
-            "environment_factory with use_vllm: rollouts with environments run with transformers' generation for "
-            "now; set use_vllm: false (tools run with vLLM in colocate mode)."
-        )
-    if tools and args.use_vllm and args.vllm_mode != "colocate":
-        raise VLMGRPOError(
-            f"tools with vllm_mode: {args.vllm_mode}: multi-turn rollouts with tools run with vLLM in colocate mode "
+            f"{given} with vllm_mode: {args.vllm_mode}: multi-turn rollouts with tools run with vLLM in colocate mode "
             "for now; set vllm_mode: colocate, or use_vllm: false."
         )

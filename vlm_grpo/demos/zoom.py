@@ -85,9 +85,7 @@ def warm_conversations(rows: Any, answers: list[str], tool: bool = True) -> list
     for row, answer in zip(rows, answers, strict=True):
         messages, images = list(row["prompt"]), list(row["images"])
         if tool:
-            scene = ZoomScene()
-            scene.reset(row["scene"])
-            result = scene.zoom(row["region"])
+            result = _row_tool(row)(row["region"])
             messages += call_turns({"name": "zoom", "arguments": {"region": row["region"]}}, result)
             images.append(result[0]["image"])
         conversations.append(([*messages, {"role": "assistant", "content": answer}], images))
@@ -114,12 +112,15 @@ def evaluate_zoom(
         tool (`bool`, *optional*, defaults to `True`): offer the `zoom` tool.
     """
     from ..data import load_data_config
+    from ..rewards.choice import choice_accuracy
     from .multi_turn import answer_with_tool
 
     start = time.perf_counter()
     rows = load_data_config(eval_yaml, seed=0)
     answers = answer_with_tool(model_dir, list(rows), _row_tool if tool else None)
-    right = [a["answer"] == row["solution"] for a, row in zip(answers, rows, strict=True)]
+    right = choice_accuracy(
+        [a["answer"] for a in answers], solution=list(rows["solution"]), options=list(rows["options"])
+    )  # as GRPO's `accuracy` reads the final answer
     calls = [a["call"] for a in answers]
     zoomed = [c is not None and c["arguments"].get("region") == row["region"] for c, row in zip(calls, rows)]
     report = {
