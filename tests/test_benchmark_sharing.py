@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vlm_grpo.shared_prefix import sharing_pays
+from vlm_grpo.sharing_plan import sharing_pays
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_sharing.py"
 

@@ -205,7 +205,9 @@ def test_plan_of_a_local_folder_with_a_training_option_override(tiny_model, tmp_
         ("memory", "give a size such as 24GiB"),
     ],
 )
-def test_plan_refuses_bad_input_in_one_line(setup, message, tmp_path):
+def test_plan_refuses_bad_input_in_one_line(setup, message, tmp_path, capsys):
+    """`vlm-grpo plan` (run in this process) exits with status 1 and writes one line naming what is wrong."""
+    from vlm_grpo.cli import main
     model = tmp_path / "model"
     model.mkdir()
     extra: list[str] = []
@@ -219,10 +221,12 @@ def test_plan_refuses_bad_input_in_one_line(setup, message, tmp_path):
         extra = ["--gpu_memory", "lots"]
     config = tmp_path / "train.yaml"
     config.write_text(f"model_name_or_path: {model}\n", encoding="utf-8")
-    result = plan_command(str(config), *extra)
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
+    with pytest.raises(SystemExit) as exit_status:
+        main(["plan", str(config), *extra])
+    assert exit_status.value.code == 1
+    stderr = capsys.readouterr().err
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], stderr[-2000:]
 
 
 @pytest.mark.parametrize("lora", [False, True])

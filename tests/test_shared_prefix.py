@@ -17,15 +17,8 @@ from trl.trainer.utils import pad
 
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.rollout import load_rows
-from vlm_grpo.shared_prefix import (
-    FULL_ROWS,
-    SharingPlan,
-    SharingPolicy,
-    find_groups,
-    shared_prefix_generate,
-    sharing_pays,
-    shuffle_batch,
-)
+from vlm_grpo.shared_prefix import find_groups, shared_prefix_generate, shuffle_batch
+from vlm_grpo.sharing_plan import FULL_ROWS, SharingPlan, SharingPolicy, sharing_pays
 from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with, families_with
 
 G = 3  # completions per prompt in the hand-built batches
@@ -400,7 +393,7 @@ def test_generation_options_that_need_full_rows(case, tiny_model, tmp_path, capl
 def test_generation_obstacles_come_from_the_merged_config():
     from transformers import GenerationConfig
 
-    from vlm_grpo.shared_prefix import generation_obstacle
+    from vlm_grpo.sharing_plan import generation_obstacle
 
     assert generation_obstacle(GenerationConfig(do_sample=True)) is None
     assert generation_obstacle(GenerationConfig(do_sample=False, max_new_tokens=4)) is None

@@ -20,7 +20,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer, get_model_family
 from vlm_grpo.errors import VLMGRPOError
-from vlm_grpo.shared_prefix import FULL_ROWS, find_groups
+from vlm_grpo.shared_prefix import find_groups
+from vlm_grpo.sharing_plan import FULL_ROWS
 from vlm_grpo.testing import a_family_with, families_with
 from vlm_grpo.tool_rollout import prompt_images
 from vlm_grpo.trl_options import TOOL_TEMPLATE_MESSAGE

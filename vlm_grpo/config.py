@@ -37,7 +37,7 @@ class VLMGRPOConfig(GRPOConfig):
             its KV cache across the G completions, in generation and in every log-prob pass (old, reference,
             policy). Exact: log-probs match full forwards within float rounding. `"true"` always, `"false"` never,
             `"auto"` per generation batch when the prompt tokens it saves are a large enough share of the pass to
-            pay for its second forward call (see `vlm_grpo.shared_prefix.sharing_pays`). Works with (non-reentrant)
+            pay for its second forward call (see `vlm_grpo.sharing_plan.sharing_pays`). Works with (non-reentrant)
             gradient checkpointing; with `use_reentrant: true` the policy's training forward runs full rows.
         log_samples_steps (`int`, defaults to 50): every this many steps, write the step's prompts, image paths,
             completions, rewards and advantages to `output_dir/samples/step_NNNNNN.jsonl`; 0 turns it off.

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .shared_prefix import SharingPlan
+from .sharing_plan import SharingPlan
 from .tool_rollout import ToolImageRow
 
 STATE_FILE = "rollout_state.json"

@@ -65,19 +65,10 @@ from .rollout import Sampled, is_truncated, load_rows, pad_batch, pad_rows, row_
 from .rollout_buffer import load_rollout, save_rollout
 from .rollout_log import length_metrics, reward_metrics, write_step_samples
 from .sample_log import samples_path
-from .shared_prefix import (
-    FULL_ROWS,
-    SharingPlan,
-    SharingPolicy,
-    group_sizes,
-    shared_prefix_continue,
-    shared_prefix_generate,
-    shared_prefix_logps,
-    shuffle_batch,
-)
+from .shared_prefix import shared_prefix_continue, shared_prefix_generate, shared_prefix_logps, shuffle_batch
+from .sharing_plan import FULL_ROWS, SharingPlan, SharingPolicy, group_sizes
 from .signal_watch import SignalWatch
 from .tool_rollout import (
-    ToolImageRow,
     draw_environments,
     history_prompts,
     reset_environments,
@@ -660,19 +651,13 @@ class VLMGRPOTrainer(GRPOTrainer):
             images (`list`, *optional*): each row's images, the prompt's then the tools'.
             prompts (`list[EncodedPrompt]`): the prompt each row starts with (`tool_rollout.history_prompts`).
         """
-        device = self.accelerator.device
-        image_inputs = []
-        for prompt, pictures in zip(prompts, images or [None] * len(prompts), strict=True):
-            returned = (pictures or [])[prompt.num_images :]  # the images the tools returned
-            if not returned:
-                image_inputs.append(prompt.image_inputs)
-                continue
-            tools = {
-                k: v.to(device) for k, v in self.family.encode_images(self.processing_class, returned).items()
-            }
-            image_inputs.append(
-                ToolImageRow(self.family.collate([prompt.image_inputs, tools]), prompt.image_inputs, tools)
-            )
+        returned = [  # the images each row's tools returned
+            (pictures or [])[prompt.num_images :]
+            for prompt, pictures in zip(prompts, images or [None] * len(prompts), strict=True)
+        ]
+        image_inputs = row_image_inputs(
+            self.family, self.processing_class, prompts, returned, self.accelerator.device
+        )
         prompt_ids, prompt_mask = self._left_padded([p.input_ids for p in prompts])  # [B, P]
         continuation_ids, continuation_mask = self._left_padded(
             [h[len(p.input_ids) :] for h, p in zip(histories, prompts, strict=True)]

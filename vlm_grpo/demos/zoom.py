@@ -47,7 +47,7 @@ MAX_STEPS = 120
 WARM_EPOCHS = 16
 TARGET = 0.8
 """The held-out accuracy with the tool that a run should reach (without it, chance, 0.25, is the ceiling)."""
-DOCUMENTED: tuple[float, ...] = (1.0, 1.0, 0.234)
+DOCUMENTED: tuple[float, ...] = (0.922, 1.0, 0.234)
 """Held-out accuracy after GRPO with the tool for seeds 0, 1, 2, as docs/demos.md gives them."""
 
 
