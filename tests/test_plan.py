@@ -8,8 +8,12 @@ and refuses bad input in one line.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
+import subprocess
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -128,10 +132,23 @@ def test_meta_activations_match_what_autograd_saves_on_cpu(family_name, tiny_mod
     assert predicted == pytest.approx(saved.total / 128, rel=0.1)
 
 
-def plan_command(*args: str):
-    from test_cli import vlm_grpo
+def plan_command(*args: str) -> subprocess.CompletedProcess:
+    """`vlm-grpo plan ARGS` run in this process from the repository's root: its exit status, stdout and stderr."""
+    from test_cli import ROOT
 
-    return vlm_grpo("plan", *args)
+    from vlm_grpo.cli import main
+
+    out, err, status = io.StringIO(), io.StringIO(), 0
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            main(["plan", *args])
+    except SystemExit as exit_status:
+        status = exit_status.code or 0
+    finally:
+        os.chdir(cwd)
+    return subprocess.CompletedProcess(["vlm-grpo", "plan", *args], status, out.getvalue(), err.getvalue())
 
 
 def parsed(model: str, **options):
@@ -208,6 +225,7 @@ def test_plan_of_a_local_folder_with_a_training_option_override(tiny_model, tmp_
 def test_plan_refuses_bad_input_in_one_line(setup, message, tmp_path, capsys):
     """`vlm-grpo plan` (run in this process) exits with status 1 and writes one line naming what is wrong."""
     from vlm_grpo.cli import main
+
     model = tmp_path / "model"
     model.mkdir()
     extra: list[str] = []
