@@ -21,7 +21,7 @@ from trl import GRPOConfig, GRPOTrainer
 from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer, get_model_family
 from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.shared_prefix import find_groups
-from vlm_grpo.sharing_plan import FULL_ROWS
+from vlm_grpo.sharing_plan import FULL_ROWS, SharingPolicy
 from vlm_grpo.testing import a_family_with, families_with
 from vlm_grpo.tool_rollout import prompt_images
 from vlm_grpo.trl_options import TOOL_TEMPLATE_MESSAGE
@@ -355,6 +355,29 @@ def test_sharing_with_tool_images_trains_as_full_rows(tools_model, tmp_path):
     assert shared_grads.keys() == full_grads.keys() and any(map(trainer.family.is_vision_module, full_grads))
     for name, grad in full_grads.items():
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_images_in_completions_need_full_rows_only_where_image_tokens_attend_each_other(bidirectional):
+    """A batch whose tools returned images shares each group's prompt in its log-prob passes, unless the family's
+    language model attends bidirectionally among an image's tokens: its completions' forward over the prompt's cache
+    would see them causally."""
+    policy = SharingPolicy(
+        "true", "any", indexable_cache=True, generation_config=None, bidirectional_images=bidirectional
+    )
+    plan = policy.plan(
+        prompt_len=8,
+        completion_len=8,
+        group_sizes=[2, 2],
+        agree=bool,
+        generation=False,
+        completion_images=True,
+    )
+    assert plan.scoring is plan.training is (not bidirectional)
+    if bidirectional:
+        assert plan.reasons["training"] == ("tool results hold images, attended bidirectionally",)
+    unaffected = policy.plan(prompt_len=8, completion_len=8, group_sizes=[2, 2], agree=bool, generation=False)
+    assert unaffected.scoring and unaffected.training
 
 
 def test_the_next_turns_prefill_each_groups_prompt_once(tools_model, tmp_path):
