@@ -94,13 +94,15 @@ def call_text(processor, name: str, arguments: dict) -> tuple[str, str]:
     return call_turn[len(head) : shared].lstrip(), call_turn[shared : call_turn.rindex(end)].strip()
 
 
-def calls_bias(processor, call: tuple[str, dict], start: float = 4.0) -> list:
-    """`sequence_bias` that starts the call `(name, arguments)` with a moderate bias and, once started, completes
-    it and ends the turn. Where the template's turns open with a lead (Qwen3.5's end of thinking), the lead is
-    started alike, and the call is a second choice after it, so that some rows answer without calling."""
+def calls_bias(processor, call: tuple[str, dict], start: float | None = None) -> list:
+    """`sequence_bias` that starts the call `(name, arguments)` with a moderate bias (`start`) and, once started,
+    completes it and ends the turn. Where the template's turns open with a lead (Qwen3.5's end of thinking), the lead
+    is started alike, and the call is a second choice after it, so that some rows answer without calling. `start`
+    defaults to 4.0 with a lead and 3.5 without (the call is then a choice at every token)."""
     tokenizer = processor.tokenizer
     lead, text = call_text(processor, *call)
     lead_ids = tokenizer(lead, add_special_tokens=False)["input_ids"] if lead else []
+    start = (4.0 if lead_ids else 3.5) if start is None else start
     ids = [*lead_ids, *tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
     bias = [40.0] * len(ids)
     bias[0] = start
@@ -179,7 +181,9 @@ def zoom_rollout_trainer(tools_model, tmp_path, reward=turns_reward, **options) 
     tools, call = CALLS["image_result"]
     args = VLMGRPOConfig(
         output_dir=str(tmp_path), **{**COMMON, "max_steps": 1, **options},
-        generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call)},
+        generation_kwargs={  # most rows call, as the tests of one rollout need
+            "suppress_tokens": placeholders, "sequence_bias": calls_bias(processor, call, start=4.0)
+        },
     )  # fmt: skip
     trainer = VLMGRPOTrainer(
         path, reward, args=args, train_dataset=Dataset.from_list(color_rows(8)), tools=tools

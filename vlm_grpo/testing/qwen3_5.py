@@ -1,8 +1,9 @@
 """Tiny Qwen3-VL MoE, Qwen3.5 and Qwen3.5 MoE models, built offline.
 
-All three take Qwen3-VL's processor (patch 16, mean = std = 0.5). Qwen3-VL MoE has a word-level tokenizer and Qwen3-VL's
-chat layout; Qwen3.5 and Qwen3.5 MoE carry the published Qwen3.5 template of the 4B and larger checkpoints (thinking
-on by default, tool calls as XML) and the tool-call tags of its tokenizer. Qwen3-VL MoE replaces the MLP of
+All three take Qwen3-VL's processor (patch 16, mean = std = 0.5) and a byte-level BPE with the tool-call tags of the
+published tokenizers. Qwen3-VL MoE carries the published Qwen3-VL template (tool calls as JSON); Qwen3.5 and Qwen3.5
+MoE the published Qwen3.5 template of the 4B and larger checkpoints (thinking on by default, tool calls as XML).
+Qwen3-VL MoE replaces the MLP of
 every text layer by a few tiny experts; Qwen3.5 alternates Gated DeltaNet linear-attention layers with full
 attention (the last layer of the tiny model is full attention), and Qwen3.5 MoE adds experts and a shared expert.
 
@@ -43,13 +44,12 @@ from .expectations import TinyFamily
 from .qwen import (
     QWEN3_5_LAYOUT,
     QWEN3_LAYOUT,
-    QWEN_CHAT_TEMPLATE,
-    QWEN_NAMED_TOKENS,
     QWEN_SPECIAL_TOKENS,
     QWEN_TOOL_TOKENS,
     _mrope_section,
     byte_level_tokenizer,
     qwen3_5_chat_template,
+    qwen3_vl_chat_template,
     qwen_family,
 )
 
@@ -111,17 +111,12 @@ def build_qwen_moe(family: str, out_dir: str | os.PathLike, **options: Any) -> s
     side = round_to_multiple(o.image_size, PATCH_SIZE * MERGE_SIZE)
 
     is_hybrid = family.startswith("qwen3_5")
-    if (
-        is_hybrid
-    ):  # the published template and a byte-level BPE, so that tool calls render and parse as published
-        chat_template = qwen3_5_chat_template()
-        tokenizer = byte_level_tokenizer(
-            o.words, o.base_words, (*TAG_TOKENS, *QWEN_TOOL_TOKENS), chat_template=chat_template
-        )
-        ids = {tok: token_id(tokenizer, tok) for tok in QWEN_SPECIAL_TOKENS}
-    else:
-        chat_template = QWEN_CHAT_TEMPLATE
-        tokenizer, ids = o.tokenizer(QWEN_SPECIAL_TOKENS, QWEN_NAMED_TOKENS, chat_template)
+    # the published template and a byte-level BPE, so that tool calls render and parse as published
+    chat_template = qwen3_5_chat_template() if is_hybrid else qwen3_vl_chat_template()
+    tokenizer = byte_level_tokenizer(
+        o.words, o.base_words, (*TAG_TOKENS, *QWEN_TOOL_TOKENS), chat_template=chat_template
+    )
+    ids = {tok: token_id(tokenizer, tok) for tok in QWEN_SPECIAL_TOKENS}
     pad_id, eos_id = ids["<|endoftext|>"], ids["<|im_end|>"]
     processor = _processor(tokenizer, side, chat_template)
 
@@ -234,6 +229,8 @@ QWEN3_VL_MOE = _qwen_moe(
     "Qwen3VLMoeForConditionalGeneration",
     checkpoints=("Qwen3-VL-30B-A3B",),
     moe=True,
+    byte_level=True,
+    tool_calls=True,
 )
 QWEN3_5 = _qwen_moe(
     "qwen3_5", "Qwen3.5", "Qwen3_5ForConditionalGeneration", checkpoints=("Qwen3.5-4B",), byte_level=True,
