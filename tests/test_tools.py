@@ -245,55 +245,6 @@ def test_a_template_without_tool_calls_is_refused_in_one_line(tiny_model, tmp_pa
     assert str(error.value) == TOOL_TEMPLATE_MESSAGE and "\n" not in TOOL_TEMPLATE_MESSAGE
 
 
-class Counter:
-    def reset(self, **row):
-        return None
-
-    def count(self, word: str) -> str:
-        """Count the letters of a word.
-
-        Args:
-            word: the word.
-        """
-        return str(len(word))
-
-
-@pytest.mark.parametrize(
-    ("given", "mode", "message"),
-    [
-        (
-            "environment_factory",
-            "server",
-            "environment_factory with vllm_mode: server: multi-turn rollouts with tools run with vLLM in colocate "
-            "mode for now; set vllm_mode: colocate, or use_vllm: false.",
-        ),
-        (
-            "tools",
-            "server",
-            "tools with vllm_mode: server: multi-turn rollouts with tools run with vLLM in colocate mode for now; "
-            "set vllm_mode: colocate, or use_vllm: false.",
-        ),
-    ],
-)
-def test_what_vllm_does_not_run_with_tools_is_refused_in_one_line(
-    given, mode, message, tools_model, tmp_path
-):
-    """Tools and environments run with vLLM in colocate mode (`test_vllm_tools.py`); with a vLLM server they stop
-    at construction in one line."""
-    path, processor, _ = tools_model
-    args = VLMGRPOConfig(
-        output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False, report_to="none", use_vllm=True,
-        vllm_mode=mode,
-    )  # fmt: skip
-    extra = {"tools": [count]} if given == "tools" else {"environment_factory": Counter}
-    with pytest.raises(VLMGRPOError) as error:
-        VLMGRPOTrainer(
-            path, turns_reward, args=args, train_dataset=Dataset.from_list(color_rows(4)), processing_class=processor,
-            **extra,
-        )  # fmt: skip
-    assert str(error.value) == message
-
-
 def test_tool_results_are_masked_and_their_images_reach_the_forward(tools_model, tmp_path):
     """A rollout whose tool returned an image: tool-result tokens are 0 in `tool_mask` (the loss leaves them out),
     the row's image inputs hold the prompt's image and then the tool's, and the trainer's log-probs of every row

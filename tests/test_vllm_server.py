@@ -1,8 +1,9 @@
 """Real vLLM in TRL's server mode: `trl vllm-serve` started on a loopback port, the trainer generating through it.
 
-One module run builds a tiny model of the first family vLLM implements, starts `trl vllm-serve` on 127.0.0.1 (a free
-port) as its own process group, waits for its `/health`, trains 2 steps with `vllm_mode="server"` in a fresh process
-(`vllm_worker.py ... server PORT`), and stops the server (SIGTERM, then SIGKILL to its process group after a timeout).
+One module run builds a tiny model of the first family vLLM implements whose template calls tools, starts
+`trl vllm-serve` on 127.0.0.1 (a free port) as its own process group, waits for its `/health`, trains 2 steps with
+`vllm_mode="server"` in a fresh process (`vllm_worker.py ... server PORT`), then 2 more with a tool that returns
+images and an environment (`vllm_tools_worker.py ... server PORT`), and stops the server (SIGTERM, then SIGKILL to its process group after a timeout).
 On vLLM's CPU backend, TRL's weight sync runs on a test-only gloo stand-in for vLLM's NCCL weight transfer, and the
 server's linear layers keep plain weights (`vllm_server_shim`, which loads `vllm_cpu_shim` into the server as a vLLM
 plugin); everything else is the real `trl vllm-serve`, vLLM server and TRL client.
@@ -34,6 +35,9 @@ from test_vllm import (
     implemented_by_vllm,
     run_worker,
 )
+from test_vllm_tools import run_tools_worker, tool_run_checks
+
+from vlm_grpo.testing import families_with
 
 pytestmark = pytest.mark.vllm
 
@@ -118,7 +122,7 @@ def vllm_serve(model: Path, folder: Path) -> Iterator[Server]:
     port = free_port()
     trl = Path(sys.executable).parent / "trl"
     command = [str(trl), "vllm-serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--max_model_len", "512", "--max-num-batched-tokens", "4096"]  # as TRL's colocate engine
+    command += ["--max_model_len", "1024", "--max-num-batched-tokens", "4096"]  # as the tools run's colocate engine
     log = folder / "server.log"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -133,16 +137,23 @@ def vllm_serve(model: Path, folder: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def server_run(tmp_path_factory) -> dict:
-    """One server and one 2-step server-mode training run, shared by the tests of this module."""
+def server_runs(tmp_path_factory) -> tuple[dict, dict]:
+    """One server and two 2-step server-mode training runs on it, shared by the tests of this module: a plain one
+    (`vllm_worker.py`) and one with a tool that returns images and an environment (`vllm_tools_worker.py`)."""
     from vlm_grpo.testing import build_tiny_model
 
-    shape = next(s for s in FAMILIES if implemented_by_vllm(s))
+    shape = next(s for s in FAMILIES if s in families_with(tool_calls=True) and implemented_by_vllm(s))
     out = tmp_path_factory.mktemp(shape)
     build_tiny_model(shape, out / "model", hidden_size=256)
     with vllm_serve(out / "model", out) as server:
         result = run_worker(shape, out, "server", str(server.port))
-    return result | {"server": server}
+        tools_result = run_tools_worker(shape, out, "server", str(server.port))
+    return result | {"server": server}, tools_result
+
+
+@pytest.fixture(scope="module")
+def server_run(server_runs) -> dict:
+    return server_runs[0]
 
 
 def test_server_generates_for_the_trainer(server_run):
@@ -199,3 +210,12 @@ def test_server_is_stopped(server_run):
     server = server_run["server"]
     assert server.process.returncode is not None
     assert not server.group_alive()
+
+
+def test_tool_turns_sampled_by_the_server_see_the_rows_images(server_runs):
+    """Tools whose results are images, and an environment, with a vLLM server: the server samples every turn from
+    the row's processor-expanded ids, each image's features placed on its run of image tokens (as the first turn's
+    prompts), and its sampling log-probs of a turn after a tool's image are the trainer's."""
+    result = server_runs[1]
+    tool_run_checks(result)
+    assert result["tokens"] > 0 and result["sampled_gap"] < SYNC_TOLERANCE, result

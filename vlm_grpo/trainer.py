@@ -129,7 +129,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         args = setup.resolve_args(args)
         model_path = model if isinstance(model, str) else None
         uses_peft = peft_config is not None or (model_path is None and is_peft_model(model))
-        refuse_trainer_arguments(args, uses_peft, tools=tools, environment_factory=environment_factory)
+        refuse_trainer_arguments(args, uses_peft)
         family = get_model_family(model, trust_remote_code=args.trust_remote_code)
         model, processing_class, init_kwargs = setup.load_policy(
             model, args, family, quantization_config, processing_class
@@ -144,7 +144,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         embedding_dtype = model.get_input_embeddings().weight.dtype
         if tools or environment_factory:
             check_tool_template(processing_class)
-            if args.use_vllm:
+            if args.use_vllm and args.vllm_mode == "colocate":
                 family.vllm_history_ids(
                     processing_class, []
                 )  # refuses a family whose history vLLM cannot take
@@ -503,13 +503,17 @@ class VLMGRPOTrainer(GRPOTrainer):
         """The next turn of each row that called a tool, from its whole history (TRL's tool loop calls it with the
         ids of prompt, completion and tool results, and every image of the row: the prompt's, then the tools').
 
-        vLLM samples as in TRL, from each row's ids with one placeholder per image (`vllm_history_ids`: vLLM expands
-        them itself, TRL hands them expanded). transformers' `generate` continues each group's prompt from one
-        prefill of it when the batch's first turn did (`_continue_turns`), else runs on the family's inputs of each
-        row.
+        vLLM samples as in TRL. In colocate mode each row's ids hold one placeholder per image (`vllm_history_ids`:
+        vLLM expands them itself, TRL hands them expanded); a server takes them expanded, as the first turn's prompts,
+        and places each image's features on its run of image tokens. transformers' `generate` continues each group's
+        prompt from one prefill of it when the batch's first turn did (`_continue_turns`), else runs on the family's
+        inputs of each row.
         """
         if self.use_vllm:
-            ids = [self.family.vllm_history_ids(self.processing_class, row) for row in prompt_ids]
+            self._sync_vllm_when_stale()  # TRL's own sync would keep vLLM's encoder cache
+            ids = prompt_ids
+            if self.vllm_mode == "colocate":
+                ids = [self.family.vllm_history_ids(self.processing_class, row) for row in prompt_ids]
             return super()._generate_single_turn(ids, images, {}, num_generations, has_tool_images)
         prompts = self._turn_prompts and history_prompts(prompt_ids, images, self._turn_prompts)
         if prompts:
@@ -605,10 +609,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         self, rows: list[dict[str, Any]], encoded: list[EncodedPrompt], num_generations: int
     ) -> tuple[list[list[int]], list[list[float]]]:
         """Sample through TRL's vLLM backend: raw images and prompts with unexpanded image placeholders."""
-        if self.state.global_step != self._last_loaded_step:
-            with profiling_context(self, "sync_weights"):
-                self.sync_vllm_weights()
-            self._last_loaded_step = self.state.global_step
+        self._sync_vllm_when_stale()
         payload = build_vllm_payload(
             self.processing_class, self.family, rows, encoded, self._template_kwargs(self.tools)
         )
@@ -620,6 +621,13 @@ class VLMGRPOTrainer(GRPOTrainer):
         )
         sampling_logps = [[lp[0] for lp in seq] for seq in logprobs]  # the sampled token's log-prob
         return [list(ids) for ids in completion_ids], sampling_logps
+
+    def _sync_vllm_when_stale(self) -> None:
+        """The weight sync once per optimizer step as in TRL, vLLM's encoder cache emptied too (`sync_vllm_weights`)."""
+        if self.state.global_step != self._last_loaded_step:
+            with profiling_context(self, "sync_weights"):
+                self.sync_vllm_weights()
+            self._last_loaded_step = self.state.global_step
 
     def sync_vllm_weights(self) -> None:
         """TRL's weight sync into vLLM, with the family's weight names and vLLM's encoder cache emptied."""

@@ -217,25 +217,15 @@ def check_tool_template(processing_class: Any) -> None:
         raise VLMGRPOError(TOOL_TEMPLATE_MESSAGE)
 
 
-def refuse_trainer_arguments(
-    args: Any, uses_peft: bool, tools: Any = None, environment_factory: Any = None
-) -> None:
+def refuse_trainer_arguments(args: Any, uses_peft: bool) -> None:
     """Refuse, in one line each, the trainer arguments and combinations this trainer cannot run.
 
     Args:
         args (`VLMGRPOConfig`): the training options.
         uses_peft (`bool`): whether the policy trains a PEFT adapter (a `peft_config`, or a PEFT model given).
-        tools (`list`, *optional*): the trainer's `tools`.
-        environment_factory (`Callable | dict`, *optional*): the trainer's `environment_factory`.
     """
     if args.sync_ref_model and uses_peft:
         raise VLMGRPOError(
             "sync_ref_model with PEFT: the reference is the policy with its adapter disabled, there is no "
             "reference model to sync (as in TRL); set sync_ref_model: false or train without PEFT."
-        )
-    if (tools or environment_factory is not None) and args.use_vllm and args.vllm_mode != "colocate":
-        given = "tools" if tools else "environment_factory"
-        raise VLMGRPOError(
-            f"{given} with vllm_mode: {args.vllm_mode}: multi-turn rollouts with tools run with vLLM in colocate mode "
-            "for now; set vllm_mode: colocate, or use_vllm: false."
         )
