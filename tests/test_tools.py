@@ -22,7 +22,7 @@ from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer, get_model_family
 from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.shared_prefix import find_groups
 from vlm_grpo.sharing_plan import FULL_ROWS, SharingPolicy
-from vlm_grpo.testing import a_family_with, families_with
+from vlm_grpo.testing import a_family_with, families_with, tiny_family
 from vlm_grpo.tool_rollout import prompt_images
 from vlm_grpo.trl_options import TOOL_TEMPLATE_MESSAGE
 
@@ -75,11 +75,13 @@ def turns_reward(completions, **kwargs) -> list[float]:
     ]
 
 
-def call_text(processor, name: str, arguments: dict) -> tuple[str, str]:
-    """`(lead, call)`: what the model writes to call `name(**arguments)`, as the family's chat template renders that
-    assistant turn. `call` is what the call adds to a turn without one (Qwen3-VL: JSON in `<tool_call>` tags;
-    Qwen3.5: the same tags around XML); `lead` is what comes before it in every turn (Qwen3.5: the end of its
-    thinking, after which a call parses; empty for Qwen3-VL)."""
+def call_text(processor, name: str, arguments: dict) -> tuple[str, str, str]:
+    """`(lead, call, end)`: what the model writes to call `name(**arguments)`, as the family's chat template renders
+    that assistant turn. `call` is what the call adds to a turn without one (Qwen3-VL: JSON in `<tool_call>` tags;
+    Qwen3.5: the same tags around XML; Gemma 4: `<|tool_call>call:NAME{...}<tool_call|>`); `lead` is what comes before
+    it in every turn (Qwen3.5: the end of its thinking, after which a call parses; empty for the others); `end` is the
+    token that ends the turn after a call (`<|im_end|>`; Gemma 4's `<|tool_response>`, where its result follows)."""
+    tokenizer = processor.tokenizer
     prompt = [{"role": "user", "content": "Hi"}]
     call = {"type": "function", "function": {"name": name, "arguments": arguments}}
     head = processor.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
@@ -89,21 +91,31 @@ def call_text(processor, name: str, arguments: dict) -> tuple[str, str]:
         )
         for extra in ({}, {"tool_calls": [call]})
     )
-    end = processor.tokenizer.eos_token
-    shared = len(os.path.commonprefix([plain_turn[: plain_turn.rindex(end)], call_turn]))
-    return call_turn[len(head) : shared].lstrip(), call_turn[shared : call_turn.rindex(end)].strip()
+
+    def last_token(text: str) -> str:
+        return tokenizer.convert_ids_to_tokens(
+            tokenizer(text.rstrip(), add_special_tokens=False)["input_ids"][-1]
+        )
+
+    plain_end, end = last_token(plain_turn), last_token(call_turn)
+    shared = len(os.path.commonprefix([plain_turn[: plain_turn.rindex(plain_end)], call_turn]))
+    return call_turn[len(head) : shared].lstrip(), call_turn[shared : call_turn.rindex(end)].strip(), end
 
 
 def calls_bias(processor, call: tuple[str, dict], start: float | None = None) -> list:
     """`sequence_bias` that starts the call `(name, arguments)` with a moderate bias (`start`) and, once started,
     completes it and ends the turn. Where the template's turns open with a lead (Qwen3.5's end of thinking), the lead
     is started alike, and the call is a second choice after it, so that some rows answer without calling. `start`
-    defaults to 4.0 with a lead and 3.5 without (the call is then a choice at every token)."""
+    defaults to 4.0 with a lead and 2.5 without (the call is then a choice at every token)."""
     tokenizer = processor.tokenizer
-    lead, text = call_text(processor, *call)
+    lead, text, end = call_text(processor, *call)
     lead_ids = tokenizer(lead, add_special_tokens=False)["input_ids"] if lead else []
-    start = (4.0 if lead_ids else 3.5) if start is None else start
-    ids = [*lead_ids, *tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    start = (4.0 if lead_ids else 2.5) if start is None else start
+    ids = [
+        *lead_ids,
+        *tokenizer(text, add_special_tokens=False)["input_ids"],
+        tokenizer.convert_tokens_to_ids(end),
+    ]
     bias = [40.0] * len(ids)
     bias[0] = start
     if (
@@ -175,6 +187,13 @@ CALLS = {  # tools, and the call the model is led to write: (name, arguments)
 BUDGETS = {"unknown_tool": {"max_completion_length": 128}}
 
 
+def budget(case: str, family: str) -> dict:
+    """The case's completion budget, plus the tokens of the tool's image where every image costs a fixed number
+    whatever its size (Gemma 4's 64 soft tokens, where a Qwen family spends 4 on the tool's 32x32 image)."""
+    length = BUDGETS.get(case, COMMON)["max_completion_length"]
+    return {"max_completion_length": length + (tiny_family(family).fixed_image_tokens or 0)}
+
+
 def zoom_rollout_trainer(tools_model, tmp_path, reward=turns_reward, **options) -> VLMGRPOTrainer:
     """Our trainer with the zoom tool (its calls elicited), in training mode, ready for one rollout."""
     path, processor, placeholders = tools_model
@@ -202,14 +221,29 @@ def two_groups() -> list[dict]:
 def test_tool_rollouts_match_trl(case, family, tiny_model, tmp_path):
     """Stock TRL's tool loop and ours, from one seed, on every family whose published template calls tools: the same
     completions (every turn, tool call and tool result), the same metrics (`tools/*` and lengths of the model's
-    tokens only), the same weights after two steps."""
+    tokens only), the same weights after two steps. Where stock TRL fails after a tool's image, ours trains."""
     tools, call = CALLS[case]
     tools_model = family_model(tiny_model, family)
+    if case == "image_result" and not tiny_family(family).stock_tool_images:
+        # stock TRL fails in the turn after the tool's image (see `TinyFamily.stock_tool_images`); ours trains
+        with pytest.raises(ValueError, match="model_kwargs` are not used by the model"):
+            train(GRPOTrainer, GRPOConfig, tools_model, tmp_path, tools, call, **budget(case, family))
+        ours, our_logs = train(
+            VLMGRPOTrainer, VLMGRPOConfig, tools_model, tmp_path, tools, call, **budget(case, family)
+        )
+        completions = plain(ours._logs["completion"])
+        results = [m for c in completions for m in c if m["role"] == "tool"]
+        assert results and all(
+            p["image"] == (32, 32) for m in results for p in m["content"] if p["type"] == "image"
+        )
+        assert any(m["role"] == "assistant" and m.get("content") for c in completions for m in c[2:])
+        assert all(math.isfinite(e["loss"]) and e["grad_norm"] > 0 for e in our_logs), our_logs
+        return
     stock, stock_logs = train(
-        GRPOTrainer, GRPOConfig, tools_model, tmp_path, tools, call, **BUDGETS.get(case, {})
+        GRPOTrainer, GRPOConfig, tools_model, tmp_path, tools, call, **budget(case, family)
     )
     ours, our_logs = train(
-        VLMGRPOTrainer, VLMGRPOConfig, tools_model, tmp_path, tools, call, **BUDGETS.get(case, {})
+        VLMGRPOTrainer, VLMGRPOConfig, tools_model, tmp_path, tools, call, **budget(case, family)
     )
     completions = plain(ours._logs["completion"])
     assert completions == plain(stock._logs["completion"])
@@ -289,6 +323,40 @@ def test_tool_results_are_masked_and_their_images_reach_the_forward(tools_model,
             )[:, 0]
             keep = batch["completion_mask"][i].bool()
             torch.testing.assert_close(shared[i][keep], plain_logps[keep], atol=1e-5, rtol=0)
+
+
+def test_tool_images_reach_the_forward_where_image_tokens_attend_each_other(tiny_model, tmp_path):
+    """A family whose image tokens attend to each other (Gemma 4), its tool returning images: the rows run whole
+    (see `SharingPolicy`), and the trainer's log-probs of every row equal a plain forward of the whole row with the
+    prompt's image and the tool's, whose tokens are tool-result tokens."""
+    tools_model = family_model(tiny_model, a_family_with(tool_calls=True, bidirectional_images=True))
+    trainer = zoom_rollout_trainer(tools_model, tmp_path, max_completion_length=160)
+    batch = trainer._generate_and_score_completions(two_groups())
+    image_token = trainer.family.image_token_id(tools_model[1])
+    with_tool = [i for i, m in enumerate(batch["tool_mask"]) if (m == 0).any()]
+    assert with_tool, "no row called the tool"
+    for i in with_tool:
+        masked = batch["tool_mask"][i] == 0
+        assert (batch["completion_ids"][i][masked] == image_token).any()
+    assert not batch["sharing"].scoring and not batch["sharing"].training
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # [B, P+C]
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    width = batch["completion_ids"].size(1)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    with torch.no_grad():
+        logps = trainer._policy_logps(
+            trainer.model, ids, mask, width, 4, batch["image_inputs"], batch["sharing"]
+        )
+        for i in with_tool:
+            inputs = trainer.family.model_inputs(
+                model.config, ids[i : i + 1], mask[i : i + 1], [batch["image_inputs"][i]]
+            )
+            logits = model(**inputs).logits[0, -width - 1 : -1]
+            plain_logps = torch.log_softmax(logits.float(), -1).gather(
+                -1, batch["completion_ids"][i, :, None]
+            )[:, 0]
+            keep = batch["completion_mask"][i].bool()
+            torch.testing.assert_close(logps[i][keep], plain_logps[keep], atol=1e-5, rtol=0)
 
 
 def test_sharing_with_tool_images_trains_as_full_rows(tools_model, tmp_path):

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_worker import vllm_attends_images_causally
 
 from vlm_grpo.models import SUPPORTED_MODEL_TYPES, get_model_family
 from vlm_grpo.testing import TINY_FAMILIES, VLLM_LOGPROB_GAPS, tiny_family
@@ -37,6 +38,10 @@ SYNC_TOLERANCE = 0.1
 # are held to the bound below, and the sync must still bring vLLM closer to the trainer than it was.
 MOE_SYNC_TOLERANCE = 0.25
 STEP_TOLERANCE = 0.25  # a token routed to other experts in bfloat16 (MoE) moves more
+# The trainer's log-probs in a step attend bidirectionally among an image's tokens where the family does (Gemma 3
+# and 4); vLLM's CPU attention attends causally over them (`warn_vllm_cpu_image_mask`), which moves the log-probs of
+# the tokens after an image by a few tenths on the tiny models (tiny Gemma 4: 0.32 at most on 2026-11-27).
+CAUSAL_IMAGES_STEP_TOLERANCE = 0.5
 RUN_TIMEOUT = 600
 
 
@@ -153,16 +158,18 @@ def test_importance_sampling_reads_vllm_logps(shape, family_run):
     result = trained(family_run(shape))
     steps = [log for log in result["log_history"] if "loss" in log]
     assert len(steps) == 2
+    causal = vllm_attends_images_causally() and tiny_family(shape).bidirectional_images
+    tolerance = CAUSAL_IMAGES_STEP_TOLERANCE if causal else STEP_TOLERANCE
     for (
         log
     ) in steps:  # vLLM samples with the weights of the step before: close to the trainer's old log-probs
         assert (
             0 < log["sampling/sampling_logp_difference/mean"] <= log["sampling/sampling_logp_difference/max"]
         )
-        assert log["sampling/sampling_logp_difference/max"] < STEP_TOLERANCE
+        assert log["sampling/sampling_logp_difference/max"] < tolerance
         # TRL's default mode, sequence_mask: one ratio per completion of at most 4 tokens
         low, mean, high = (log[f"sampling/importance_sampling_ratio/{k}"] for k in ("min", "mean", "max"))
-        assert math.exp(-4 * STEP_TOLERANCE) < low <= mean <= high < math.exp(4 * STEP_TOLERANCE)
+        assert math.exp(-4 * tolerance) < low <= mean <= high < math.exp(4 * tolerance)
         assert not low == high == 1.0  # from vLLM's own log-probs, not the trainer's
         assert math.isfinite(log["loss"]) and log["grad_norm"] > 0
     assert "Invalid process group" not in result["stderr"]  # vLLM's finalizer at exit (see vlm_grpo.shutdown)

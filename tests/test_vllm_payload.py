@@ -12,7 +12,13 @@ from trl.data_utils import prepare_multimodal_messages
 from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.models import get_model_family
 from vlm_grpo.rollout import load_rows
-from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with, one_family_per_image_rule, tiny_family
+from vlm_grpo.testing import (
+    DEFAULT_FAMILY,
+    a_family_with,
+    families_with,
+    one_family_per_image_rule,
+    tiny_family,
+)
 from vlm_grpo.vllm_payload import (
     VLLM_CPU_HEAD_DIMS,
     build_vllm_payload,
@@ -142,6 +148,30 @@ def test_generate_kwargs_per_mode(family_setup):
 
 
 # ------------------------------------------------------------------------------- vLLM's CPU backend: head dims
+@pytest.mark.parametrize("family", families_with(tool_calls=True))
+def test_a_tool_history_goes_to_vllm_as_its_template_writes_it(family, family_setup):
+    """A turn after a tool's image: the trainer's row holds both images expanded by the processor; what vLLM gets
+    (`vllm_history_ids`) is the history as the chat template writes it, one placeholder per image, which vLLM's
+    processor expands itself."""
+    module, processor, _ = family_setup(family)
+    images = [square_image("red"), square_image("blue", 32)]
+    history = [
+        {"role": "user", "content": [{"type": "image", "image": images[0]}, {"type": "text", "text": "Color ?"}]},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "zoom", "arguments": {"region": 2}}}
+        ]},
+        {"role": "tool", "name": "zoom", "content": [
+            {"type": "image", "image": images[1]}, {"type": "text", "text": "quarter 2"}
+        ]},
+    ]  # fmt: skip
+    text = processor.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
+    written = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+    expanded = processor(text=[text], images=images, return_tensors="pt")["input_ids"][0].tolist()
+    placeholder_id = module.prompt_image_token(processor)[1]
+    assert len(expanded) > len(written) and written.count(placeholder_id) == 2
+    assert module.vllm_history_ids(processor, expanded) == written
+
+
 def test_a_head_dim_vllm_cpu_cannot_run_is_refused_in_one_line(tiny_model):
     path = tiny_model(DEFAULT_FAMILY)  # the test builders' default: hidden size 64, 4 heads
     config = AutoConfig.from_pretrained(path)

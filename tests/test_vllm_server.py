@@ -122,7 +122,12 @@ def vllm_serve(model: Path, folder: Path) -> Iterator[Server]:
     port = free_port()
     trl = Path(sys.executable).parent / "trl"
     command = [str(trl), "vllm-serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--max_model_len", "1024", "--max-num-batched-tokens", "4096"]  # as the tools run's colocate engine
+    command += [
+        "--max_model_len",
+        "1024",
+        "--max-num-batched-tokens",
+        "4096",
+    ]  # as the tools run's colocate engine
     log = folder / "server.log"
     with log.open("w") as out:
         process = subprocess.Popen(

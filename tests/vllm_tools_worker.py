@@ -49,7 +49,7 @@ def main(family: str, out: Path, mode: str = "colocate", port: int | None = None
     # a server serves the model the test built; otherwise the worker builds it
     path = str(out / "model") if server else build_tiny_model(family, out / "model", hidden_size=256)
     _, processor, _ = family_model(lambda _: path, family)
-    lead, call = call_text(processor, "zoom", {"region": 2})
+    lead, call, _ = call_text(processor, "zoom", {"region": 2})
     args = VLMGRPOConfig(
         output_dir=str(out / "run"), **COMMON, use_vllm=True, vllm_mode=mode, vllm_max_model_length=1024,
         vllm_gpu_memory_utilization=0.2,
@@ -65,7 +65,11 @@ def main(family: str, out: Path, mode: str = "colocate", port: int | None = None
         environment_factory=Canvas,
     )
     trainer.train()
+    special = {i for i, token in processor.tokenizer.added_tokens_decoder.items() if token.special}
     result = {
+        # vLLM's structured outputs write text tokens only: a call that opens with a special token (Gemma 4's
+        # `<|tool_call>`) is out of the regex's reach, and every row answers at once
+        "call_is_text": not special & set(processor.tokenizer(call, add_special_tokens=False)["input_ids"]),
         "log_history": trainer.state.log_history,
         "completions": str(plain(list(trainer._logs["completion"]))),
         "prompts": [str(p) for p in trainer._logs["prompt"]],

@@ -94,6 +94,20 @@ class Gemma4Family(ModelFamily):
                 )
         return super().encode_prompt(processor, messages, images, chat_template_kwargs)
 
+    def vllm_history_ids(self, processor: ProcessorMixin, ids: Sequence[int]) -> list[int]:
+        """As `ModelFamily.vllm_history_ids`; Gemma 4 expands each `<|image|>` into `<|image>` + soft tokens +
+        `<image|>`, so the whole span becomes one `<|image|>` again (vLLM writes the span itself)."""
+        collapsed = super().vllm_history_ids(processor, ids)
+        image = self.image_token_id(processor)
+        boi, eoi = processor.tokenizer.convert_tokens_to_ids([processor.boi_token, processor.eoi_token])
+        history: list[int] = []
+        for i, token in enumerate(collapsed):
+            opens = token == boi and i + 1 < len(collapsed) and collapsed[i + 1] == image
+            closes = token == eoi and history and history[-1] == image
+            if not (opens or closes):
+                history.append(token)
+        return history
+
     def join_image_features(self, outputs: Sequence[Any]) -> Any:
         """As `ModelFamily.join_image_features`, per-image `pooler_output` tuples chained in image order.
 

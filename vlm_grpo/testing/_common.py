@@ -179,7 +179,7 @@ def token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
         token (`str`): a token string.
     """
     idx = tokenizer.convert_tokens_to_ids(token)
-    if idx is None or (token != UNK_TOKEN and idx == tokenizer.unk_token_id):
+    if idx is None or (token != tokenizer.unk_token and idx == tokenizer.unk_token_id):
         raise KeyError(f"{token!r} is not in the vocabulary")
     return int(idx)
 

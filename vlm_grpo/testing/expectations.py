@@ -113,6 +113,9 @@ class TinyFamily:
         tool_calls (`bool`, *optional*, defaults to `False`): the builder's chat template is the published one, with
             its tool definitions, tool calls and tool results, and the tokenizer has its tool-call tags: TRL's tool
             loop runs on it (`tools`, `environment_factory`).
+        stock_tool_images (`bool`, *optional*, defaults to `True`): stock TRL 1.16's tool loop runs a turn after a tool
+            that returned an image (False for Gemma 4: TRL hands its image processor's `num_soft_tokens_per_image`
+            to `generate`, which refuses it).
         fixed_image_tokens (`int`, *optional*): image tokens every image gets whatever its size (Gemma 4's budget);
             otherwise one per merged patch block, 4 at the default image size.
         sampling (`Mapping[str, Any]`, *optional*, defaults to `{}`): the sampling fields the builder writes into
@@ -144,6 +147,7 @@ class TinyFamily:
     bidirectional_images: bool = False
     byte_level: bool = False
     tool_calls: bool = False
+    stock_tool_images: bool = True
     fixed_image_tokens: int | None = None
     sampling: Mapping[str, Any] = field(default_factory=dict)
     unused_parameters: frozenset[str] = frozenset()

@@ -1,9 +1,13 @@
-"""Tiny Gemma 4 (vision tower + Gemma 4 text tower, no audio tower) with a word-level tokenizer, built offline.
+"""Tiny Gemma 4 (vision tower + Gemma 4 text tower, no audio tower), built offline.
 
-The layout is Gemma 3's (`<start_of_turn>`/`<end_of_turn>`, "assistant" spelled "model") with Gemma 4's image
-tokens: each image part is written `<|image|>`, which `Gemma4Processor` expands to
-`<|image>` + `<|image|>` * soft tokens + `<image|>`. Audio and video tokens are in the vocabulary (so that the
-trainer can keep them out of completions) but the model has no audio tower.
+It carries the published chat template (`gemma4_v5.jinja`, the current revision of `google/gemma-4-E2B-it`'s, as TRL
+1.16 ships and recognises it for tool-call parsing): turns `<|turn>{role}\n ... <turn|>`, "assistant" spelled
+"model", tool declarations in the system turn (`<|tool>...<tool|>`), calls `<|tool_call>call:NAME{...}<tool_call|>`
+closed by `<|tool_response>`, tool results `<|tool_response>response:NAME{...}<tool_response|>` followed by the
+tool's images within the same model turn. Each image part is written `<|image|>`, which `Gemma4Processor` expands to
+`<|image>` + `<|image|>` * soft tokens + `<image|>`. The tokenizer is a byte-level BPE (every text decodes back
+exactly, as tool calls need) with Gemma 4's control tokens as special tokens. Audio and video tokens are in the
+vocabulary (so that the trainer can keep them out of completions) but the model has no audio tower.
 """
 
 from __future__ import annotations
@@ -20,19 +24,27 @@ from transformers import (
     Gemma4VideoProcessor,
 )
 
-from ._common import BuildOptions, check_sizes, save_tiny
+from ._common import TAG_TOKENS, BuildOptions, check_sizes, save_tiny, token_id
 from .expectations import TinyFamily
-from .gemma3 import GEMMA3_CHAT_TEMPLATE
+from .qwen import byte_level_tokenizer
 
-GEMMA4_CHAT_TEMPLATE = GEMMA3_CHAT_TEMPLATE.replace("<start_of_image>", "<|image|>")
 
-# Order gives the real low ids: <pad>=0, <eos>=1, <bos>=2.
+def gemma4_chat_template() -> str:
+    """The published Gemma 4 template, as TRL 1.16 ships it (`trl.chat_template_utils`)."""
+    from trl.chat_template_utils import gemma4_v5_chat_template as template
+
+    return template
+
+
+# Order gives the published low ids: <pad>=0, <eos>=1, <bos>=2, <unk>=3, <mask>=4.
 GEMMA4_SPECIAL_TOKENS = [
     "<pad>",
     "<eos>",
     "<bos>",
-    "<start_of_turn>",
-    "<end_of_turn>",
+    "<unk>",
+    "<mask>",
+    "<|turn>",
+    "<turn|>",
     "<|image>",
     "<image|>",
     "<|image|>",
@@ -40,12 +52,24 @@ GEMMA4_SPECIAL_TOKENS = [
     "<audio|>",
     "<|audio|>",
     "<|video|>",
+    "<|tool>",
+    "<tool|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    '<|"|>',
+    "<|channel>",
+    "<channel|>",
+    "<|think|>",
 ]
 
 GEMMA4_NAMED_TOKENS = {
     "pad_token": "<pad>",
     "eos_token": "<eos>",
     "bos_token": "<bos>",
+    "unk_token": "<unk>",
+    "mask_token": "<mask>",
     # names read by Gemma4Processor
     "boi_token": "<|image>",
     "eoi_token": "<image|>",
@@ -79,8 +103,12 @@ def build_gemma4(out_dir: str | os.PathLike, **options: Any) -> str:
     o = BuildOptions(**options)
     hidden_size, num_hidden_layers = o.hidden_size, o.num_hidden_layers
     head_dim = check_sizes(hidden_size, num_hidden_layers)
-    tokenizer, ids = o.tokenizer(GEMMA4_SPECIAL_TOKENS, GEMMA4_NAMED_TOKENS, GEMMA4_CHAT_TEMPLATE)
-    pad_id, eos_id, bos_id, eot_id = ids["<pad>"], ids["<eos>"], ids["<bos>"], ids["<end_of_turn>"]
+    chat_template = gemma4_chat_template()
+    tokenizer = byte_level_tokenizer(
+        o.words, o.base_words, TAG_TOKENS, chat_template, GEMMA4_SPECIAL_TOKENS, GEMMA4_NAMED_TOKENS
+    )
+    ids = {token: token_id(tokenizer, token) for token in GEMMA4_SPECIAL_TOKENS}
+    pad_id, eos_id, bos_id, eot_id = ids["<pad>"], ids["<eos>"], ids["<bos>"], ids["<turn|>"]
 
     sizes = {"patch_size": PATCH_SIZE, "pooling_kernel_size": POOLING, "max_soft_tokens": MAX_SOFT_TOKENS}
     processor = Gemma4Processor(
@@ -88,7 +116,7 @@ def build_gemma4(out_dir: str | os.PathLike, **options: Any) -> str:
         image_processor=Gemma4ImageProcessor(**sizes),
         tokenizer=tokenizer,
         video_processor=Gemma4VideoProcessor(**sizes, num_frames=2),
-        chat_template=GEMMA4_CHAT_TEMPLATE,
+        chat_template=chat_template,
         image_seq_length=MAX_SOFT_TOKENS,
     )
 
@@ -135,8 +163,10 @@ def build_gemma4(out_dir: str | os.PathLike, **options: Any) -> str:
         audio_token_id=ids["<|audio|>"],
         tie_word_embeddings=True,
     )
+    # gemma-4-*-it: generation stops at <eos>, at the end of a turn, and where a tool call hands over to its result
     return save_tiny(
-        out_dir, Gemma4ForConditionalGeneration, config, processor, o, eos_token_ids=[eot_id, eos_id],
+        out_dir, Gemma4ForConditionalGeneration, config, processor, o,
+        eos_token_ids=[eos_id, eot_id, ids["<|tool_response>"]],
         pad_token_id=pad_id, bos_token_id=bos_id,
     )  # fmt: skip
 
@@ -151,6 +181,9 @@ GEMMA4 = TinyFamily(
     bidirectional_images=True,
     checkpoints=("gemma-4",),
     fixed_image_tokens=64,  # the processor's budget of 70 soft tokens, as 8 x 8 pooled patches of a square image
+    byte_level=True,
+    tool_calls=True,
+    stock_tool_images=False,
     refused_inputs=("audio", "video"),
     placeholder_tokens=frozenset(
         {"<|image|>", "<|image>", "<image|>", "<|video|>", "<|audio|>", "<|audio>", "<audio|>"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -142,9 +142,12 @@ def byte_level_tokenizer(
     base_words: Sequence[str] = DEFAULT_WORDS,
     added_tokens: Sequence[str] = TAG_TOKENS,
     chat_template: str = QWEN_CHAT_TEMPLATE,
+    special_tokens: Sequence[str] = QWEN_SPECIAL_TOKENS,
+    named_tokens: Mapping[str, str] = QWEN_NAMED_TOKENS,
 ) -> PreTrainedTokenizerFast:
     """A byte-level BPE with the published Qwen pipeline in which every vocabulary word is one token (`"red"`,
-    `"Ġred"`): every text decodes back exactly (tool calls' JSON included).
+    `"Ġred"`): every text decodes back exactly (tool calls' JSON included). Other families whose tool calls must
+    decode exactly take it with their own special tokens (Gemma 4).
 
     Args:
         words (`Sequence[str]`, *optional*, defaults to `None`): extra vocabulary words; one holding punctuation
@@ -153,7 +156,13 @@ def byte_level_tokenizer(
         added_tokens (`Sequence[str]`, defaults to `TAG_TOKENS`): tokens matched whole before the split, not special
             (the reasoning and answer tags; the tool-call tags where the published tokenizer has them).
         chat_template (`str`, defaults to `QWEN_CHAT_TEMPLATE`): the template stored on the tokenizer.
+        special_tokens (`Sequence[str]`, defaults to `QWEN_SPECIAL_TOKENS`): the control tokens, the first ids, in
+            this order; `[UNK]` follows unless `named_tokens` names an `unk_token` among them.
+        named_tokens (`Mapping[str, str]`, defaults to `QWEN_NAMED_TOKENS`): named tokens of the tokenizer (see
+            `TokenizerSpec`).
     """
+    unk_token = named_tokens.get("unk_token", UNK_TOKEN)
+    specials = list(dict.fromkeys([*special_tokens, unk_token]))
     vocabulary = list(dict.fromkeys([*base_words, *(words or ())]))
     backend = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     backend.normalizer = normalizers.NFC()
@@ -167,7 +176,7 @@ def byte_level_tokenizer(
     trainer = trainers.BpeTrainer(
         vocab_size=1_000_000,  # never reached: merging stops once every word is one token
         min_frequency=1,
-        special_tokens=[*QWEN_SPECIAL_TOKENS, UNK_TOKEN],
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -178,8 +187,7 @@ def byte_level_tokenizer(
         tokenizer_object=backend,
         chat_template=chat_template,
         clean_up_tokenization_spaces=False,
-        unk_token=UNK_TOKEN,  # never produced (every byte is a token), but declared alike at every version
-        **QWEN_NAMED_TOKENS,
+        **{"unk_token": unk_token, **named_tokens},  # never produced (every byte is a token), declared alike
     )
 
 
