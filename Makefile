@@ -69,10 +69,12 @@ test: install
 	$(BIN)/python -m pytest -q tests
 
 # DeepSpeed's JIT-built CPU op is cached per venv (the build command holds the venv's path), so the floor run
-# keeps its own cache instead of invalidating the one `make test` uses.
+# keeps its own cache instead of invalidating the one `make test` uses. The `once`-marked tests (the benchmark
+# scripts' smoke runs, the package index's resolution of `.[vllm]`) run in `make test` only.
 test-floor: install-floor
 	$(FLOOR_BIN)/python -m pip freeze | $(VERSIONS)
-	TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_floor" $(FLOOR_BIN)/python -m pytest -q tests
+	TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_floor" \
+		$(FLOOR_BIN)/python -m pytest -q -m 'not gpu and not npu and not vllm and not once' tests
 
 # The vllm-marked tests, on vLLM's CPU backend here (and on a GPU where vLLM finds one). The KV cache gets 1 GiB.
 test-vllm: install-vllm

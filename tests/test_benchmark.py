@@ -16,6 +16,7 @@ import torch
 
 from vlm_grpo.planner.architectures import PUBLISHED
 
+pytestmark = pytest.mark.once  # the benchmark scripts' smoke runs: `make test` runs them, the floor does not
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 BENCH = BENCHMARKS / "bench_grpo.py"
 PLAN_VS_MEASURED = BENCHMARKS / "plan_vs_measured.py"

@@ -7,8 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from vlm_grpo.sharing_plan import sharing_pays
 
+pytestmark = pytest.mark.once  # the benchmark scripts' smoke runs: `make test` runs them, the floor does not
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_sharing.py"
 
 

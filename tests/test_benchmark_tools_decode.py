@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.once  # the benchmark scripts' smoke runs: `make test` runs them, the floor does not
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

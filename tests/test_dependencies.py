@@ -147,6 +147,7 @@ def resolved_version(resolution: dict[str, dict], name: str) -> Version:
     return Version(resolution[name]["metadata"]["version"])
 
 
+@pytest.mark.once  # the package index's answer does not depend on the venv
 def test_vllm_extra_resolves_inside_every_range(vllm_resolution):
     vllm = resolved_version(vllm_resolution, "vllm")
     assert Version(vllm.base_version) in trl_vllm_range(), f"vLLM {vllm} is outside TRL's supported range"
@@ -158,6 +159,7 @@ def test_vllm_extra_resolves_inside_every_range(vllm_resolution):
         assert requirement.specifier.contains(version, prereleases=True), f"{requirement.name} {version}"
 
 
+@pytest.mark.once  # the package index's answer does not depend on the venv
 def test_vllm_extra_resolves_to_the_tested_floor(vllm_resolution):
     """vLLM pins torch and torchvision exactly and caps transformers: the floor CI tests must be that pair and
     inside that cap, or the vllm extra installs versions the suite never ran on."""

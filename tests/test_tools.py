@@ -382,9 +382,9 @@ def test_sharing_with_tool_images_trains_as_full_rows(tools_model, tmp_path):
 
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_images_in_completions_need_full_rows_only_where_image_tokens_attend_each_other(bidirectional):
-    """A batch whose tools returned images shares each group's prompt in its log-prob passes, unless the family's
-    language model attends bidirectionally among an image's tokens: its completions' forward over the prompt's cache
-    would see them causally."""
+    """A batch whose tools returned images shares each group's prompt in its log-prob passes and later turns, unless
+    the family's language model attends bidirectionally among an image's tokens: its completions' forward over the
+    prompt's cache would see them causally."""
     policy = SharingPolicy(
         "true", "any", indexable_cache=True, generation_config=None, bidirectional_images=bidirectional
     )
@@ -401,6 +401,9 @@ def test_images_in_completions_need_full_rows_only_where_image_tokens_attend_eac
         assert plan.reasons["training"] == ("tool results hold images, attended bidirectionally",)
     unaffected = policy.plan(prompt_len=8, completion_len=8, group_sizes=[2, 2], agree=bool, generation=False)
     assert unaffected.scoring and unaffected.training
+    # the turns after a tool result continue the prompt's prefill where the first turn did, causal families only
+    assert policy.shares_later_turns(True) is (not bidirectional)
+    assert not policy.shares_later_turns(False)
 
 
 def test_the_next_turns_prefill_each_groups_prompt_once(tools_model, tmp_path):

@@ -189,6 +189,16 @@ class SharingPolicy:
         """
         return "generation" not in self._reasons(prompt_len, max_completion_len, group_sizes, agree)
 
+    def shares_later_turns(self, generation: bool) -> bool:
+        """Whether the turns after a tool result continue each group's prompt from one prefill of it: where the first
+        turn's sampling did (`generation`, from `shares_generation`), unless an image's tokens attend to each other
+        (a tool's image in a row's continuation would see the prompt's cache causally).
+
+        Args:
+            generation (`bool`): whether this batch's first turn was sampled from one prefill of each prompt.
+        """
+        return generation and not self.bidirectional_images
+
     def plan(
         self,
         prompt_len: int,

@@ -460,12 +460,12 @@ class VLMGRPOTrainer(GRPOTrainer):
         prompts = [prepare_multimodal_messages(r["prompt"], images=r["images"]) for r in rows]
         images = [r["images"] or None for r in rows]
         logps = None if sampled.sampling_logps is None else [list(x) for x in sampled.sampling_logps]
-        # the next turns share each group's prompt as the first did (the tools' images then run over the prompt's
-        # cache: not where an image's tokens attend to each other): the batch's distinct prompts, with their images
+        # where the next turns share each group's prompt (`SharingPolicy.shares_later_turns`): the batch's distinct
+        # prompts, with their images
         self._turn_prompts = (
             [(e, r["images"]) for i, (e, r) in enumerate(zip(sampled.encoded, rows, strict=True))
              if i == 0 or e is not sampled.encoded[i - 1]]
-            if sampled.shared_generation and not self._sharing.bidirectional_images else None
+            if self._sharing.shares_later_turns(sampled.shared_generation) else None
         )  # fmt: skip
         try:
             tool_mask, completions, completion_ids, logps, calls, failures, tool_images = self._tool_call_loop(
@@ -573,8 +573,9 @@ class VLMGRPOTrainer(GRPOTrainer):
         )
 
     def _tool_images_anywhere(self, sampled: Sampled) -> bool:
-        """Whether a tool returned an image to some row on some process (one collective, with tools only)."""
-        if not self.tools:
+        """Whether a tool returned an image to some row on some process: one collective, with tools on a family
+        whose image tokens attend to each other (elsewhere a tool's image does not change the plan)."""
+        if not (self.tools and self._sharing.bidirectional_images):
             return False
         return bool(self._across_processes(any(sampled.tool_images or ()), torch.any))
 
