@@ -279,6 +279,29 @@ def test_a_template_without_tool_calls_is_refused_in_one_line(tiny_model, tmp_pa
     assert str(error.value) == TOOL_TEMPLATE_MESSAGE and "\n" not in TOOL_TEMPLATE_MESSAGE
 
 
+def assert_logps_of_plain_rows(trainer, batch: dict, rows) -> None:
+    """The trainer's log-probs of a rollout (its sharing plan's passes) equal, on each of `rows`, a plain forward of
+    the model on that whole row with its image inputs."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # [B, P+C]
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    width = batch["completion_ids"].size(1)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    with torch.no_grad():
+        logps = trainer._policy_logps(
+            trainer.model, ids, mask, width, 4, batch["image_inputs"], batch["sharing"]
+        )  # [B, C]
+        for i in rows:
+            inputs = trainer.family.model_inputs(
+                model.config, ids[i : i + 1], mask[i : i + 1], [batch["image_inputs"][i]]
+            )
+            logits = model(**inputs).logits[0, -width - 1 : -1]
+            plain_logps = torch.log_softmax(logits.float(), -1).gather(
+                -1, batch["completion_ids"][i, :, None]
+            )[:, 0]
+            keep = batch["completion_mask"][i].bool()
+            torch.testing.assert_close(logps[i][keep], plain_logps[keep], atol=1e-5, rtol=0)
+
+
 def test_tool_results_are_masked_and_their_images_reach_the_forward(tools_model, tmp_path):
     """A rollout whose tool returned an image: tool-result tokens are 0 in `tool_mask` (the loss leaves them out),
     the row's image inputs hold the prompt's image and then the tool's, and the trainer's log-probs of every row
@@ -305,24 +328,7 @@ def test_tool_results_are_masked_and_their_images_reach_the_forward(tools_model,
     )  # the prompt once per group, tool images or not
     groups = find_groups(batch["prompt_ids"], batch["image_inputs"])
     assert groups.sizes == [2, 2]  # a row with a tool image stays in its group
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # [B, P+C]
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    width = batch["completion_ids"].size(1)
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    with torch.no_grad():
-        shared = trainer._policy_logps(
-            trainer.model, ids, mask, width, 4, batch["image_inputs"], batch["sharing"]
-        )
-        for i in range(ids.size(0)):
-            inputs = trainer.family.model_inputs(
-                model.config, ids[i : i + 1], mask[i : i + 1], [batch["image_inputs"][i]]
-            )
-            logits = model(**inputs).logits[0, -width - 1 : -1]
-            plain_logps = torch.log_softmax(logits.float(), -1).gather(
-                -1, batch["completion_ids"][i, :, None]
-            )[:, 0]
-            keep = batch["completion_mask"][i].bool()
-            torch.testing.assert_close(shared[i][keep], plain_logps[keep], atol=1e-5, rtol=0)
+    assert_logps_of_plain_rows(trainer, batch, range(batch["prompt_ids"].size(0)))
 
 
 def test_tool_images_reach_the_forward_where_image_tokens_attend_each_other(tiny_model, tmp_path):
@@ -339,24 +345,7 @@ def test_tool_images_reach_the_forward_where_image_tokens_attend_each_other(tiny
         masked = batch["tool_mask"][i] == 0
         assert (batch["completion_ids"][i][masked] == image_token).any()
     assert not batch["sharing"].scoring and not batch["sharing"].training
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # [B, P+C]
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    width = batch["completion_ids"].size(1)
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    with torch.no_grad():
-        logps = trainer._policy_logps(
-            trainer.model, ids, mask, width, 4, batch["image_inputs"], batch["sharing"]
-        )
-        for i in with_tool:
-            inputs = trainer.family.model_inputs(
-                model.config, ids[i : i + 1], mask[i : i + 1], [batch["image_inputs"][i]]
-            )
-            logits = model(**inputs).logits[0, -width - 1 : -1]
-            plain_logps = torch.log_softmax(logits.float(), -1).gather(
-                -1, batch["completion_ids"][i, :, None]
-            )[:, 0]
-            keep = batch["completion_mask"][i].bool()
-            torch.testing.assert_close(logps[i][keep], plain_logps[keep], atol=1e-5, rtol=0)
+    assert_logps_of_plain_rows(trainer, batch, with_tool)
 
 
 def test_sharing_with_tool_images_trains_as_full_rows(tools_model, tmp_path):
