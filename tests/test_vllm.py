@@ -70,13 +70,14 @@ def implemented_by_vllm(model_type: str) -> bool:
     return architecture in ModelRegistry.get_supported_archs()
 
 
-def run_worker(shape: str, out: Path, *extra: str) -> dict:
-    """Run `vllm_worker.py` for one family in a fresh process; returns its result."""
+def run_worker(shape: str, out: Path, *extra: str, worker: str = "vllm_worker.py") -> dict:
+    """Run `worker` (`vllm_worker.py`, or `vllm_tools_worker.py`) for one family in a fresh process; returns its
+    result."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     done = subprocess.run(
-        [sys.executable, str(TESTS / "vllm_worker.py"), shape, str(out), *extra],
+        [sys.executable, str(TESTS / worker), shape, str(out), *extra],
         env=env,
         capture_output=True,
         text=True,

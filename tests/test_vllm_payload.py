@@ -24,6 +24,7 @@ from vlm_grpo.vllm_payload import (
     build_vllm_payload,
     check_vllm_cpu_attention,
     vllm_generate_kwargs,
+    vllm_history_prompts,
     vllm_prompt_inputs,
 )
 
@@ -170,6 +171,10 @@ def test_a_tool_history_goes_to_vllm_as_its_template_writes_it(family, family_se
     placeholder_id = module.prompt_image_token(processor)[1]
     assert len(expanded) > len(written) and written.count(placeholder_id) == 2
     assert module.vllm_history_ids(processor, expanded) == written
+    assert vllm_history_prompts(module, processor, [expanded]) == [written]
+    assert vllm_history_prompts(module, processor, [expanded], "server") == [
+        expanded
+    ]  # the server places features
 
 
 def test_a_head_dim_vllm_cpu_cannot_run_is_refused_in_one_line(tiny_model):

@@ -3,7 +3,8 @@
 One module run builds a tiny model of the first family vLLM implements whose template calls tools, starts
 `trl vllm-serve` on 127.0.0.1 (a free port) as its own process group, waits for its `/health`, trains 2 steps with
 `vllm_mode="server"` in a fresh process (`vllm_worker.py ... server PORT`), then 2 more with a tool that returns
-images and an environment (`vllm_tools_worker.py ... server PORT`), and stops the server (SIGTERM, then SIGKILL to its process group after a timeout).
+images and an environment (`vllm_tools_worker.py ... server PORT`), and stops the server (SIGTERM, then SIGKILL to
+its process group after a timeout).
 On vLLM's CPU backend, TRL's weight sync runs on a test-only gloo stand-in for vLLM's NCCL weight transfer, and the
 server's linear layers keep plain weights (`vllm_server_shim`, which loads `vllm_cpu_shim` into the server as a vLLM
 plugin); everything else is the real `trl vllm-serve`, vLLM server and TRL client.
@@ -122,12 +123,8 @@ def vllm_serve(model: Path, folder: Path) -> Iterator[Server]:
     port = free_port()
     trl = Path(sys.executable).parent / "trl"
     command = [str(trl), "vllm-serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    command += [
-        "--max_model_len",
-        "1024",
-        "--max-num-batched-tokens",
-        "4096",
-    ]  # as the tools run's colocate engine
+    # the tools run's context, as its colocate engine
+    command += ["--max_model_len", "1024", "--max-num-batched-tokens", "4096"]
     log = folder / "server.log"
     with log.open("w") as out:
         process = subprocess.Popen(

@@ -11,33 +11,19 @@ its image placeholders expanded, which vLLM's processor expands again; the train
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_vllm import SYNC_TOLERANCE, run_worker
 
 from vlm_grpo.testing import families_with
 
 pytestmark = pytest.mark.vllm
 
-TESTS = Path(__file__).resolve().parent
-SYNC_TOLERANCE = 0.1  # vLLM computes in bfloat16 on CPU, the trainer in float32 (as in `test_vllm.py`)
-RUN_TIMEOUT = 600
-
 
 def run_tools_worker(family: str, out: Path, *mode: str) -> dict:
     """Run `vllm_tools_worker.py` for one family in a fresh process (colocate mode, or `"server", PORT`)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    done = subprocess.run(
-        [sys.executable, str(TESTS / "vllm_tools_worker.py"), family, str(out), *mode],
-        env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads((out / "result.json").read_text())
+    return run_worker(family, out, *mode, worker="vllm_tools_worker.py")
 
 
 def tool_run_checks(result: dict) -> None:

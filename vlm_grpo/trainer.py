@@ -85,6 +85,7 @@ from .vllm_payload import (
     check_vllm_architecture,
     check_vllm_cpu_attention,
     vllm_generate_kwargs,
+    vllm_history_prompts,
     warn_vllm_cpu_image_mask,
 )
 
@@ -503,17 +504,14 @@ class VLMGRPOTrainer(GRPOTrainer):
         """The next turn of each row that called a tool, from its whole history (TRL's tool loop calls it with the
         ids of prompt, completion and tool results, and every image of the row: the prompt's, then the tools').
 
-        vLLM samples as in TRL. In colocate mode each row's ids hold one placeholder per image (`vllm_history_ids`:
-        vLLM expands them itself, TRL hands them expanded); a server takes them expanded, as the first turn's prompts,
-        and places each image's features on its run of image tokens. transformers' `generate` continues each group's
+        vLLM samples as in TRL, from each row's ids as its mode takes them (`vllm_history_prompts`: one placeholder per
+        image in colocate mode, where TRL hands them expanded). transformers' `generate` continues each group's
         prompt from one prefill of it when the batch's first turn did (`_continue_turns`), else runs on the family's
         inputs of each row.
         """
         if self.use_vllm:
             self._sync_vllm_when_stale()  # TRL's own sync would keep vLLM's encoder cache
-            ids = prompt_ids
-            if self.vllm_mode == "colocate":
-                ids = [self.family.vllm_history_ids(self.processing_class, row) for row in prompt_ids]
+            ids = vllm_history_prompts(self.family, self.processing_class, prompt_ids, self.vllm_mode)
             return super()._generate_single_turn(ids, images, {}, num_generations, has_tool_images)
         prompts = self._turn_prompts and history_prompts(prompt_ids, images, self._turn_prompts)
         if prompts:

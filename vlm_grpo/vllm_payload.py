@@ -176,6 +176,27 @@ def vllm_generate_kwargs(
     return {"prompts": prompts, "images": payload.images, "num_generations": num_generations}
 
 
+def vllm_history_prompts(
+    family: ModelFamily, processor: Any, histories: Sequence[Sequence[int]], mode: str = "colocate"
+) -> list[list[int]]:
+    """The ids of multi-turn rows (prompt, turns, tool results; placeholders expanded) as TRL's `generate` hands them
+    to vLLM for the next turn, as `vllm_generate_kwargs` does for first turns.
+
+    Args:
+        family (`ModelFamily`): the family's module (`ModelFamily.vllm_history_ids`).
+        processor (`Any`): the family's processor.
+        histories (`Sequence[Sequence[int]]`): each row's ids, as TRL's tool loop builds them.
+        mode (`str`, defaults to "colocate"): TRL's `vllm_mode`. Colocate: one placeholder per image, which vLLM
+            expands itself. Server: as they are, the server placing each image's features on its run of image tokens.
+
+    Returns:
+        `list[list[int]]`: one list per row.
+    """
+    if mode == "server":
+        return [list(ids) for ids in histories]
+    return [family.vllm_history_ids(processor, ids) for ids in histories]
+
+
 def vllm_prompt_inputs(payload: VLLMPayload) -> list[dict[str, Any]]:
     """The inputs TRL's colocate mode hands to `vllm.LLM.generate`, for calling vLLM directly (tests, eval)."""
     images = payload.images or [None] * len(payload.prompt_ids)
