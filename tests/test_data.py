@@ -404,9 +404,9 @@ def test_mixture_of_three_formats(tmp_path):
     }
     ds = load_data_config(write_yaml(tmp_path / "cfg.yaml", config))
     assert ds["source"] == ["rec", "rec", "conv.jsonl", "geo.parquet"]
-    assert ds.column_names[:5] == ["prompt", "images", "image_paths", "solution", "source"]
+    assert ds.column_names[:6] == ["prompt", "images", "image_paths", "videos", "solution", "source"]
     assert set(ds.column_names) == {
-        "prompt", "images", "image_paths", "solution", "source", "problem", "accu_reward_method", "id", "options",
+        "prompt", "images", "image_paths", "videos", "solution", "source", "problem", "accu_reward_method", "id", "options",
     }  # fmt: skip
     assert ds["accu_reward_method"] == ["iou", "iou", None, None]
     assert ds["id"] == [None, None, "c1", None]
@@ -578,24 +578,24 @@ def test_flat_records_in_a_jsonl_file(tmp_path):
     assert ds["options"] == [["Acme", "Globex"], None]
 
 
-@pytest.mark.parametrize("name", ["video", "videos", "audio", "audios"])
+@pytest.mark.parametrize("name", ["audio", "audios"])
 @pytest.mark.parametrize("with_image", [True, False])
 def test_unsupported_media_field_is_an_error(tmp_path, name, with_image):
-    record = {"problem": "What happens?", "solution": "s", name: ["clip.mp4"]}
+    record = {"problem": "What happens?", "solution": "s", name: ["clip.wav"]}
     if with_image:
         record["image"] = "a.png"
     message = error_of(tmp_path, rec_records(2) + [record], name="data.jsonl")
     assert f"data.jsonl: record 3 (line 3), field '{name}': " in message
-    assert (
-        "not supported, only images (from 'image' or 'images')" in message and "remove the field" in message
-    )
+    assert "audio input is not supported, only images and videos" in message and "remove the field" in message
 
 
 def test_empty_media_field_is_kept_as_a_column(tmp_path):
     ds = load_one(
-        tmp_path, [{"image": "a.png", "problem": "p", "solution": "s", "videos": []}], name="data.jsonl"
+        tmp_path, [{"image": "a.png", "problem": "p", "solution": "s", "audios": []}], name="data.jsonl"
     )
-    assert ds["videos"] == [[]] and ds["image_paths"] == [[str(tmp_path / "a.png")]]
+    assert ds["audios"] == [[]] and ds["image_paths"] == [[str(tmp_path / "a.png")]]
+    ds = load_one(tmp_path, [{"image": "a.png", "problem": "p", "solution": "s", "videos": []}], name="v.jsonl")
+    assert ds["videos"] == [[]]  # no video: the loader's column, empty
 
 
 @pytest.mark.parametrize("name", ["completion", "completions", "trainer_state"])

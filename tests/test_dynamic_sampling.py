@@ -282,7 +282,7 @@ def test_features_of_dropped_groups_are_not_kept(tiny_model, tmp_path):
     batch = trainer._generate_and_score_completions(rows)
     kept = {id(row) for row in batch["image_inputs"]}
     assert trainer._metrics["train"]["dynamic_sampling/groups_dropped"][0] >= 1
-    assert kept and set(trainer._image_features._outputs) <= kept
+    assert kept and {row for row, _ in trainer._image_features._outputs} <= kept
 
 
 # --------------------------------------------------------------------------------- which groups carry no signal

@@ -33,6 +33,15 @@ class VLMGRPOConfig(GRPOConfig):
         max_pixels (`int | None`, defaults to None): upper bound on pixels per image; larger images are resized
             down, keeping their aspect ratio (Qwen-VL).
         max_tiles (`int | None`, defaults to None): most tiles per image (InternVL).
+        video_fps (`float`, defaults to 2.0): frames per second sampled from a video file (by the video processor's
+            own rule, within its min and max frames), and the rate a list of frame files is taken at; 2.0 as
+            qwen-vl-utils samples.
+        video_max_frames (`int | None`, defaults to None): most frames sampled from one video; None keeps the
+            processor's (768 for Qwen-VL).
+        video_min_pixels (`int | None`, defaults to None): lower bound on a video's pixels after resizing, all its
+            frames together (Qwen-VL: the video processor's `size["shortest_edge"]`).
+        video_max_pixels (`int | None`, defaults to None): upper bound on a video's pixels after resizing, all its
+            frames together (Qwen-VL: the video processor's `size["longest_edge"]`).
         share_prompt_prefix (`str`, defaults to `"auto"`): run each group's prompt (image included) once and share
             its KV cache across the G completions, in generation and in every log-prob pass (old, reference,
             policy). Exact: log-probs match full forwards within float rounding. `"true"` always, `"false"` never,
@@ -67,6 +76,21 @@ class VLMGRPOConfig(GRPOConfig):
         metadata={"help": "Maximum pixels per image; larger images are resized down (Qwen-VL family)."},
     )
     max_tiles: int | None = field(default=None, metadata={"help": "Maximum tiles per image (InternVL)."})
+    video_fps: float = field(
+        default=2.0,
+        metadata={"help": "Frames per second sampled from a video (and the rate of frame lists)."},
+    )
+    video_max_frames: int | None = field(
+        default=None, metadata={"help": "Most frames sampled from one video (default: the processor's)."}
+    )
+    video_min_pixels: int | None = field(
+        default=None,
+        metadata={"help": "Minimum pixels of a video after resizing, all frames together (Qwen-VL)."},
+    )
+    video_max_pixels: int | None = field(
+        default=None,
+        metadata={"help": "Maximum pixels of a video after resizing, all frames together (Qwen-VL)."},
+    )
     share_prompt_prefix: str = field(
         default="auto",
         metadata={
@@ -139,9 +163,18 @@ class VLMGRPOConfig(GRPOConfig):
             ("min_pixels", self.min_pixels),
             ("max_pixels", self.max_pixels),
             ("max_tiles", self.max_tiles),
+            ("video_max_frames", self.video_max_frames),
+            ("video_min_pixels", self.video_min_pixels),
+            ("video_max_pixels", self.video_max_pixels),
         ):
             if value is not None and value <= 0:
                 raise VLMGRPOError(f"{name} must be a positive integer, got {value}.")
+        if not self.video_fps > 0:
+            raise VLMGRPOError(f"video_fps must be a positive number, got {self.video_fps}.")
+        if self.video_min_pixels and self.video_max_pixels and self.video_min_pixels > self.video_max_pixels:
+            raise VLMGRPOError(
+                f"video_min_pixels ({self.video_min_pixels}) must not exceed video_max_pixels ({self.video_max_pixels})."
+            )
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             raise VLMGRPOError(
                 f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})."
@@ -189,6 +222,15 @@ class VLMGRPOConfig(GRPOConfig):
     def image_size_kwargs(self) -> dict[str, Any]:
         """The image-size knobs as keyword arguments for `ModelFamily.load_processor`."""
         return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "max_tiles": self.max_tiles}
+
+    def video_kwargs(self) -> dict[str, Any]:
+        """The video sampling and size knobs as keyword arguments for `ModelFamily.configure_video`."""
+        return {
+            "fps": self.video_fps,
+            "max_frames": self.video_max_frames,
+            "min_pixels": self.video_min_pixels,
+            "max_pixels": self.video_max_pixels,
+        }
 
 
 def sharing_mode(value: str | bool) -> str:

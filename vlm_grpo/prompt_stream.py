@@ -74,16 +74,16 @@ class PromptStream:
 
 
 def prompt_key(row: dict[str, Any]) -> str:
-    """A dataset row's prompt as a string: its messages and its images (paths, or a digest of the pixels).
+    """A dataset row's prompt as a string: its messages, its images (paths, or a digest of the pixels) and its videos.
 
     Two rows get the same key when `vlm_grpo.rollout.same_prompt` would call their prompts equal; the key can be
     gathered across processes.
 
     Args:
-        row (`dict`): a dataset row (`prompt`, and `image` or `images` as paths or PIL images).
+        row (`dict`): a dataset row (`prompt`, `image` or `images` as paths or PIL images, and `videos`).
     """
     images = [
         image if isinstance(image, str) else hashlib.sha1(image.tobytes()).hexdigest() + str(image.size)
         for image in row_images(row)
     ]
-    return repr((row["prompt"], images))
+    return repr((row["prompt"], images, list(row.get("videos") or [])))

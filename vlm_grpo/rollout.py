@@ -46,7 +46,9 @@ def load_row_images(row: dict[str, Any]) -> list[Image.Image]:
 
 
 def load_rows(inputs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`{"prompt", "images"}` per dataset row, images loaded; a row repeating the previous row's images reuses them.
+    """`{"prompt", "images", "videos"}` per dataset row, images loaded; a row repeating the previous row's images reuses
+    them. Videos stay as the dataset stores them (`{"path", "frames"}`): the family decodes them when it encodes the
+    prompt, once per group.
 
     The G copies of a prompt in a generation batch hold the same image values, so each image is opened once.
     """
@@ -57,7 +59,7 @@ def load_rows(inputs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             images = rows[-1]["images"]
         else:
             images = load_row_images(x)
-        rows.append({"prompt": x["prompt"], "images": images})
+        rows.append({"prompt": x["prompt"], "images": images, "videos": list(x.get("videos") or [])})
     return rows
 
 
@@ -69,7 +71,8 @@ def image_names(row: dict[str, Any]) -> list[str]:
 
 
 def same_prompt(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """The one rule for "same prompt": equal messages and the same images (the same objects, or equal pixels).
+    """The one rule for "same prompt": equal messages, the same images (the same objects, or equal pixels) and the
+    same videos (the same files).
 
     Consecutive rows of a GRPO group satisfy it; the trainer encodes such rows once and lets them share one
     `EncodedPrompt`, which is how the shared-prefix passes and the vLLM payload find groups.
@@ -78,7 +81,7 @@ def same_prompt(a: dict[str, Any], b: dict[str, Any]) -> bool:
         a (`dict`): a row with `prompt` and its images already loaded under `images` (see `load_row_images`).
         b (`dict`): another such row.
     """
-    if a["prompt"] != b["prompt"]:
+    if a["prompt"] != b["prompt"] or a.get("videos", []) != b.get("videos", []):
         return False
     images_a, images_b = a["images"], b["images"]
     return len(images_a) == len(images_b) and all(

@@ -143,6 +143,9 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._reward_failures: list[RewardError] = []
         reward_funcs = setup.reward_functions(reward_funcs, args, self._reward_failures)
         embedding_dtype = model.get_input_embeddings().weight.dtype
+        setup.check_videos(
+            (train_dataset, eval_dataset), family, args, bool(tools or environment_factory or rollout_func)
+        )
         if tools or environment_factory:
             check_tool_template(processing_class)
             if args.use_vllm and args.vllm_mode == "colocate":
@@ -542,8 +545,9 @@ class VLMGRPOTrainer(GRPOTrainer):
                 continue
             messages = prepare_multimodal_messages(row["prompt"], images=row["images"])
             item = self.family.encode_prompt(
-                self.processing_class, messages, row["images"], self._template_kwargs(tools and tools[i])
-            )
+                self.processing_class, messages, row["images"], self._template_kwargs(tools and tools[i]),
+                row["videos"],
+            )  # fmt: skip
             self._check_context(item, row)
             item.image_inputs = {k: v.to(self.accelerator.device) for k, v in item.image_inputs.items()}
             encoded.append(item)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from datasets import Dataset
 from peft import LoraConfig, PeftConfig
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, ProcessorMixin
 from trl.models import prepare_deepspeed
@@ -102,7 +103,42 @@ def load_policy(
             trust_remote_code=args.trust_remote_code,
             **args.image_size_kwargs(),
         )
+    family.configure_video(processing_class, **args.video_kwargs())
     return model, processing_class, init_kwargs
+
+
+def check_videos(datasets: Sequence[Any], family: ModelFamily, args: VLMGRPOConfig, rolls_out: bool) -> None:
+    """Refuse, in one line, what cannot train on the datasets' videos: a family whose model reads none, vLLM, and
+    tools, environments or a `rollout_func` (their later turns re-encode a row from its images alone).
+
+    Args:
+        datasets (`Sequence[Any]`): the train and eval datasets given (a `datasets.Dataset` with a `videos` column is
+            read; others are checked when their rows are encoded).
+        family (`ModelFamily`): the model's family.
+        args (`VLMGRPOConfig`): the training config.
+        rolls_out (`bool`): whether tools, environments or a `rollout_func` sample the completions.
+    """
+    has_videos = any(
+        isinstance(data, Dataset) and "videos" in data.column_names and any(data["videos"])
+        for data in datasets
+    )
+    if not has_videos:
+        return
+    if not family.video_input_keys:
+        raise VLMGRPOError(
+            f"The dataset holds videos, but {family.model_type} models read no video; remove the video records, or "
+            "train a family that reads video (see docs/families.md)."
+        )
+    if args.use_vllm:
+        raise VLMGRPOError(
+            "The dataset holds videos, which vLLM generation does not take yet; set use_vllm: false (transformers "
+            "samples them)."
+        )
+    if rolls_out:
+        raise VLMGRPOError(
+            "The dataset holds videos, which tools, environment_factory and rollout_func do not take yet (their later "
+            "turns would drop the video); remove them, or the video records."
+        )
 
 
 def freeze_vision_and_aim_lora(

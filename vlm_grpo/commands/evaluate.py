@@ -82,7 +82,7 @@ def _generate_texts(
     encoded = []
     for row in load_rows(rows):
         messages = prepare_multimodal_messages(row["prompt"], images=row["images"])
-        encoded.append(family.encode_prompt(processor, messages, row["images"]))
+        encoded.append(family.encode_prompt(processor, messages, row["images"], videos=row["videos"]))
     ids, mask = pad_rows([e.input_ids for e in encoded], processor.tokenizer.pad_token_id, "left")  # [B, P]
     ids, mask = ids.to(device), mask.to(device)
     inputs = family.model_inputs(

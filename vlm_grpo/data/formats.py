@@ -11,9 +11,10 @@ Detection rule, applied to each record on its own:
    `answer` (which is then not kept as a separate field).
 
 In both, images come from `image` or `images` (at most one of them): `None`, a path, raw bytes, a
-`{"bytes", "path"}` mapping, or a list of these (see `vlm_grpo.data.images`). Images are the only media: a record
-whose `video`, `videos`, `audio` or `audios` field holds anything (`UNSUPPORTED_MEDIA_FIELDS`) is an error, never a
-prompt trained without it.
+`{"bytes", "path"}` mapping, or a list of these (see `vlm_grpo.data.images`). Videos come from `video` (one: a video
+file path, or a list of frame file paths) or `videos` (a list of such videos), at most one of them (see
+`vlm_grpo.data.videos`). Audio is not read: a record whose `audio` or `audios` field holds anything
+(`UNSUPPORTED_MEDIA_FIELDS`) is an error, never a prompt trained without it.
 
 `solution` is always a string: strings are kept as is, other JSON values (numbers, box lists such as
 `[x1, y1, x2, y2]`, mappings) become their `json.dumps` text, e.g. `"[10, 20, 30, 40]"`.
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from .errors import record_error
 from .images import ImageRef, image_refs_from_value
 from .readers import Record
+from .videos import VideoRef, video_refs_from_value
 
 RESERVED_FIELDS = ("prompt", "image_paths", "source")
 """Output columns that a record may not bring itself (they would be overwritten)."""
@@ -49,7 +51,7 @@ REWARD_ARGUMENTS = (
 """Names TRL 1.16 gives a reward's arguments itself, or keeps from the rewards (`completion`, `completion_ids`): a
 record field of one of these names would never reach a reward, so a record may not bring one."""
 
-UNSUPPORTED_MEDIA_FIELDS = {"video": "video", "videos": "video", "audio": "audio", "audios": "audio"}
+UNSUPPORTED_MEDIA_FIELDS = {"audio": "audio", "audios": "audio"}
 """Media fields the loader does not read, with their kind: a record that fills one is refused, since its prompt would
 otherwise be trained without that input (an empty value, `null` or `[]`, is accepted and passed on like any field)."""
 
@@ -62,10 +64,12 @@ class ParsedRecord:
     """A record in the loader's common shape.
 
     Attributes:
-        problem (`str`): The problem text; may hold `<image>` placeholders.
+        problem (`str`): The problem text; may hold `<image>` and `<video>` placeholders.
         solution (`str`): The reference solution as a string.
         images (`list[ImageRef]`): The record's images, resolved; empty for text-only records.
         image_field (`str | None`): The field the images came from (`"image"` or `"images"`), for messages.
+        videos (`list[VideoRef]`): The record's videos, resolved; empty for records without video.
+        video_field (`str | None`): The field the videos came from (`"video"` or `"videos"`), for messages.
         extras (`dict`): Fields kept in the output row, including `problem`.
         template_fields (`dict`): Fields a prompt template may name: all of the record's fields plus `problem`.
     """
@@ -74,6 +78,8 @@ class ParsedRecord:
     solution: str
     images: list[ImageRef] = field(default_factory=list)
     image_field: str | None = None
+    videos: list[VideoRef] = field(default_factory=list)
+    video_field: str | None = None
     extras: dict = field(default_factory=dict)
     template_fields: dict = field(default_factory=dict)
 
@@ -158,11 +164,10 @@ def parse_record(file: str, record: Record, image_root: str) -> ParsedRecord:
                 file,
                 record.where,
                 name,
-                f"{kind} input is not supported, only images (from 'image' or 'images'), so this record would train "
-                f"without its {kind}; remove the field or the record"
-                + (", or give the video as frames in 'images'" if kind == "video" else ""),
+                f"{kind} input is not supported, only images and videos, so this record would train without its "
+                f"{kind}; remove the field or the record",
             )
-    consumed = {"image", "images", "solution"}
+    consumed = {"image", "images", "video", "videos", "solution"}
     if fields.get("conversations") is not None:
         problem, solution = _conversation(file, record)
         consumed.add("conversations")
@@ -222,6 +227,19 @@ def parse_record(file: str, record: Record, image_root: str) -> ParsedRecord:
         except ValueError as exc:
             raise record_error(file, record.where, image_field, f"{exc}") from exc
 
+    present = [name for name in ("video", "videos") if fields.get(name) is not None]
+    if len(present) > 1:
+        raise record_error(
+            file, record.where, "videos", "record has both 'video' and 'videos'; keep only one"
+        )
+    video_field = present[0] if present else None
+    videos: list[VideoRef] = []
+    if video_field is not None:
+        try:
+            videos = video_refs_from_value(fields[video_field], image_root, many=video_field == "videos")
+        except ValueError as exc:
+            raise record_error(file, record.where, video_field, f"{exc}") from exc
+
     extras = {key: value for key, value in fields.items() if key not in consumed}
     extras["problem"] = problem
     return ParsedRecord(
@@ -229,6 +247,8 @@ def parse_record(file: str, record: Record, image_root: str) -> ParsedRecord:
         solution=solution,
         images=images,
         image_field=image_field,
+        videos=videos,
+        video_field=video_field,
         extras=extras,
         template_fields={**fields, "problem": problem},
     )

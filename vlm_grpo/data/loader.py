@@ -6,6 +6,8 @@ Each row has the columns
   interleaves `{"type": "image"}` and `{"type": "text", "text": ...}` parts (TRL conversational style);
 * `images` (list of PIL images): decoded lazily to RGB on access; `[]` for text-only rows;
 * `image_paths` (list of str): resolved absolute paths, `""` for images embedded in the data file;
+* `videos` (list of `{"path", "frames"}`): each video's resolved file path, or its frame files' paths; `[]` for rows
+  without video (decoded when a row is encoded, see `vlm_grpo.video`);
 * `solution` (str): the reference solution (non-string values as JSON text);
 * `source` (str): the entry's `name`, else its data path as written in the YAML file;
 * `problem` (str) and every other field of the records, `None` where an entry lacks it.
@@ -28,16 +30,19 @@ from .formats import ParsedRecord, parse_record
 from .images import check_image, check_images
 from .prompts import TemplateFieldError, apply_template, build_prompt
 from .readers import Record, read_records
+from .videos import check_video
 
 logger = logging.getLogger(__name__)
 
 _TEXT_PART = pa.struct([("type", pa.string()), ("text", pa.string())])
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.list_(_TEXT_PART))])
 _IMAGE_STORAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+_VIDEO_STORAGE = pa.struct([("path", pa.string()), ("frames", pa.list_(pa.string()))])
 FIXED_COLUMNS = {
     "prompt": pa.list_(_MESSAGE),
     "images": pa.list_(_IMAGE_STORAGE),
     "image_paths": pa.list_(pa.string()),
+    "videos": pa.list_(_VIDEO_STORAGE),
     "solution": pa.string(),
     "source": pa.string(),
 }
@@ -85,7 +90,7 @@ def load_entry(entry: DataEntry, seed: int, cache: dict[str, str | None], config
     Args:
         entry (`DataEntry`): The entry.
         seed (`int`): Seed of `random:` sampling.
-        cache (`dict[str, str | None]`): Results of image file checks, shared between entries; updated.
+        cache (`dict[str, str | None]`): Results of image and video file checks, shared between entries; updated.
         config_file (`str`): Path of the YAML config, for messages.
 
     Returns:
@@ -111,10 +116,18 @@ def load_entry(entry: DataEntry, seed: int, cache: dict[str, str | None], config
     skipped: list[str] = []
     for record, item in parsed:
         failure = None
+        field = item.image_field
         for k, ref in enumerate(item.images):
             reason = cache[ref.path] if ref.path is not None else check_image(ref)
             if reason is not None:
                 failure = f"image {k} ({ref.path or 'embedded bytes'}): {reason}"
+                break
+        for k, video in enumerate(item.videos if failure is None else ()):
+            key = video.path or "\n".join(video.frames)
+            if key not in cache:
+                cache[key] = check_video(video)
+            if cache[key] is not None:
+                failure, field = f"video {k} ({video.display_path}): {cache[key]}", item.video_field
                 break
         if failure is not None:
             if entry.on_missing_image == "skip":
@@ -123,7 +136,7 @@ def load_entry(entry: DataEntry, seed: int, cache: dict[str, str | None], config
             raise record_error(
                 file,
                 record.where,
-                item.image_field,
+                field,
                 f"{failure}; fix the path or image_root, or set on_missing_image: skip in {config_file} "
                 "to drop such records",
             )
@@ -131,7 +144,8 @@ def load_entry(entry: DataEntry, seed: int, cache: dict[str, str | None], config
 
     if skipped:
         logger.warning(
-            "%s: dropped %d of %d records whose image is missing or unreadable (on_missing_image: skip); first: %s",
+            "%s: dropped %d of %d records whose image or video is missing or unreadable (on_missing_image: skip); "
+            "first: %s",
             file,
             len(skipped),
             len(parsed),
@@ -162,13 +176,15 @@ def _row(entry: DataEntry, record: Record, item: ParsedRecord, config_file: str)
     except ValueError as exc:
         raise DataConfigError(f"{config_file}: {entry.template_origin}: {exc}") from exc
     try:
-        prompt = build_prompt(text, len(item.images), entry.system_prompt)
+        prompt = build_prompt(text, len(item.images), entry.system_prompt, len(item.videos))
     except ValueError as exc:
-        raise record_error(file, record.where, item.image_field or "problem", str(exc)) from exc
+        field = item.video_field if "<video>" in str(exc) else item.image_field
+        raise record_error(file, record.where, field or "problem", str(exc)) from exc
     return {
         "prompt": prompt,
         "images": [ref.storage() for ref in item.images],
         "image_paths": [ref.display_path for ref in item.images],
+        "videos": [video.storage() for video in item.videos],
         "solution": item.solution,
         "source": entry.name,
         **item.extras,

@@ -1,8 +1,13 @@
-"""Building the conversational prompt of a row from its problem text and its number of images."""
+"""Building the conversational prompt of a row from its problem text and its numbers of images and videos."""
 
 from __future__ import annotations
 
+import re
+
 IMAGE_PLACEHOLDER = "<image>"
+VIDEO_PLACEHOLDER = "<video>"
+PLACEHOLDERS = {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER}
+"""The text that places each kind of media in a prompt."""
 
 
 class TemplateFieldError(KeyError):
@@ -47,38 +52,41 @@ def _text(text: str) -> dict:
     return {"type": "text", "text": text}
 
 
-def build_user_content(text: str, num_images: int) -> list[dict]:
-    """Interleave image and text parts of a user message.
+def build_user_content(text: str, num_images: int, num_videos: int = 0) -> list[dict]:
+    """Interleave image, video and text parts of a user message.
 
-    Each `<image>` placeholder in `text` becomes an `{"type": "image"}` part at its place. Without
-    placeholders, all images come first, then the text. Text pieces made only of whitespace are dropped,
-    the first text part is left-stripped and the last one right-stripped; other whitespace is kept.
+    Each `<image>` (`<video>`) placeholder in `text` becomes an `{"type": "image"}` (`{"type": "video"}`) part at its
+    place. A kind without placeholders in `text` puts all its parts first (videos, then images), then the rest. Text
+    pieces made only of whitespace are dropped, the first text part is left-stripped and the last one right-stripped;
+    other whitespace is kept.
 
     Args:
         text (`str`): The prompt text, after the template.
         num_images (`int`): Number of images of the record.
+        num_videos (`int`, *optional*, defaults to 0): Number of videos of the record.
 
     Returns:
         `list[dict]`: Content parts, e.g. `[{"type": "image"}, {"type": "text", "text": "What is this?"}]`.
 
     Raises:
-        ValueError: `text` has placeholders and their count differs from `num_images`.
+        ValueError: `text` has placeholders of a kind and their count differs from the record's number of that kind.
     """
-    pieces = text.split(IMAGE_PLACEHOLDER)
-    num_placeholders = len(pieces) - 1
-    if num_placeholders == 0:
-        stripped = text.strip()
-        return [{"type": "image"} for _ in range(num_images)] + ([_text(stripped)] if stripped else [])
-    if num_placeholders != num_images:
-        raise ValueError(
-            f"the prompt has {num_placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but the record has "
-            f"{num_images} image(s); make the counts equal, or remove the placeholders to put all images first"
-        )
-    content: list[dict] = []
-    for k, piece in enumerate(pieces):
-        if k > 0:
-            content.append({"type": "image"})
-        if piece.strip():
+    counts = {"video": num_videos, "image": num_images}
+    placed = {kind: text.count(PLACEHOLDERS[kind]) for kind in counts}
+    for kind, found in placed.items():
+        if found and found != counts[kind]:
+            raise ValueError(
+                f"the prompt has {found} {PLACEHOLDERS[kind]} placeholder(s) but the record has {counts[kind]} "
+                f"{kind}(s); make the counts equal, or remove the placeholders to put all {kind}s first"
+            )
+    content: list[dict] = [{"type": kind} for kind in counts if not placed[kind] for _ in range(counts[kind])]
+    pattern = "(" + "|".join(re.escape(PLACEHOLDERS[kind]) for kind in counts if placed[kind]) + ")"
+    pieces = re.split(pattern, text) if any(placed.values()) else [text]
+    kinds = {marker: kind for kind, marker in PLACEHOLDERS.items()}
+    for piece in pieces:
+        if piece in kinds and placed[kinds[piece]]:
+            content.append({"type": kinds[piece]})
+        elif piece.strip():
             content.append(_text(piece))
     texts = [part for part in content if part["type"] == "text"]
     if texts:
@@ -87,18 +95,21 @@ def build_user_content(text: str, num_images: int) -> list[dict]:
     return content
 
 
-def build_prompt(text: str, num_images: int, system_prompt: str | None = None) -> list[dict]:
+def build_prompt(
+    text: str, num_images: int, system_prompt: str | None = None, num_videos: int = 0
+) -> list[dict]:
     """Build a TRL conversational prompt.
 
     Args:
-        text (`str`): The prompt text, after the template; may hold `<image>` placeholders.
+        text (`str`): The prompt text, after the template; may hold `<image>` and `<video>` placeholders.
         num_images (`int`): Number of images of the record.
         system_prompt (`str | None`, *optional*, defaults to `None`): Text of a leading system message; `None` or
             `""` adds none.
+        num_videos (`int`, *optional*, defaults to 0): Number of videos of the record.
 
     Returns:
         `list[dict]`: `[{"role": "system", "content": [text part]}]` (optional) followed by
-        `{"role": "user", "content": build_user_content(text, num_images)}`.
+        `{"role": "user", "content": build_user_content(text, num_images, num_videos)}`.
 
     Raises:
         ValueError: See `build_user_content`.
@@ -106,5 +117,5 @@ def build_prompt(text: str, num_images: int, system_prompt: str | None = None) -
     messages = []
     if system_prompt:
         messages.append({"role": "system", "content": [_text(system_prompt)]})
-    messages.append({"role": "user", "content": build_user_content(text, num_images)})
+    messages.append({"role": "user", "content": build_user_content(text, num_images, num_videos)})
     return messages

@@ -7,7 +7,8 @@ never be sampled, and which tokens end a completion. A module never owns a promp
 
 Image tensors are kept **per sample** (`EncodedPrompt.image_inputs`): a dict of tensors whose first dimension indexes
 this sample's images, patches or tiles. Slicing a batch is then list slicing, and mixing image and text-only
-prompts, or several images per prompt, needs no bookkeeping. `collate` concatenates them back for a forward.
+prompts, or several images per prompt, needs no bookkeeping. `collate` concatenates them back for a forward. A
+family that reads video keeps a prompt's video tensors in the same dict, under its `video_input_keys`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from trl.chat_template_utils import parse_response
 
 from ..device import resolve_attn_implementation, resolve_dtype
 from ..errors import VLMGRPOError
+from ..video import decode_video, processor_video_kwargs, video_name
 
 REASONING_OPEN = "<think>"
 """The tag that opens a reasoning block in the chat templates that write one."""
@@ -42,14 +44,17 @@ class EncodedPrompt:
 
     Attributes:
         input_ids (`list[int]`): prompt token ids, image placeholders already expanded.
-        image_inputs (`dict[str, torch.Tensor]`): this sample's image tensors (e.g. `pixel_values` `[N_patches, D]`
-            and `image_grid_thw` `[N_images, 3]` for Qwen). Empty for a text-only prompt.
+        image_inputs (`dict[str, torch.Tensor]`): this sample's image and video tensors (e.g. `pixel_values`
+            `[N_patches, D]` and `image_grid_thw` `[N_images, 3]` for Qwen, and `pixel_values_videos`, `video_grid_thw`
+            for its videos). Empty for a text-only prompt.
         num_images (`int`): number of images in the prompt.
+        num_videos (`int`, defaults to 0): number of videos in the prompt.
     """
 
     input_ids: list[int]
     image_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     num_images: int = 0
+    num_videos: int = 0
 
 
 class ModelFamily:
@@ -62,6 +67,10 @@ class ModelFamily:
             of LoRA.
         image_input_keys (`tuple[str, ...]`): processor outputs that are per-image tensors (first dim = images,
             patches or tiles).
+        video_input_keys (`tuple[str, ...]`): processor outputs that are per-video tensors (first dim = videos or
+            patches); empty for a family whose model reads no video (a prompt with a video is then refused).
+        video_feature_keys (`tuple[str, ...]`): the arguments of the inner model's `get_video_features`, in order
+            (as `image_input_keys` are those of its `get_image_features`); empty without video.
         placeholder_config_attrs (`tuple[str, ...]`): model-config attributes holding ids of the special tokens
             that stand for or delimit images/videos; they are suppressed during generation.
         placeholder_processor_attrs (`tuple[str, ...]`): processor or tokenizer attributes naming more such tokens.
@@ -74,6 +83,8 @@ class ModelFamily:
     model_types: ClassVar[tuple[str, ...]] = ()
     vision_module_names: ClassVar[tuple[str, ...]] = ()
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
+    video_input_keys: ClassVar[tuple[str, ...]] = ()
+    video_feature_keys: ClassVar[tuple[str, ...]] = ()
     placeholder_config_attrs: ClassVar[tuple[str, ...]] = ("image_token_id", "video_token_id")
     placeholder_processor_attrs: ClassVar[tuple[str, ...]] = ("image_token", "video_token")
     prompt_image_token_attr: ClassVar[str] = "image_token"
@@ -160,6 +171,35 @@ class ModelFamily:
         if given:
             raise VLMGRPOError(
                 f"{type(self).__name__} has no image-size knob {sorted(given)}; remove it from the config."
+            )
+
+    def configure_video(
+        self,
+        processor: ProcessorMixin,
+        fps: float,
+        max_frames: int | None = None,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+    ) -> None:
+        """Set how the family's video processor samples and sizes videos, in place. Nothing for a family that reads no
+        video (a prompt with a video is refused when it is encoded).
+
+        Args:
+            processor (`ProcessorMixin`): the family's processor.
+            fps (`float`): frames per second sampled from a video file, and the rate of a list of frame files.
+            max_frames (`int | None`, defaults to None): most frames sampled from a video (None: the processor's).
+            min_pixels (`int | None`, defaults to None): the video processor's lower pixel bound (family-specific).
+            max_pixels (`int | None`, defaults to None): the video processor's upper pixel bound (family-specific).
+        """
+        if not self.video_input_keys:
+            return
+        video_processor = processor.video_processor
+        video_processor.fps = fps
+        if max_frames is not None:
+            video_processor.max_frames = max_frames
+        if min_pixels is not None or max_pixels is not None:
+            raise VLMGRPOError(
+                f"{type(self).__name__} has no video pixel bounds; remove video_min_pixels and video_max_pixels."
             )
 
     # ---------------------------------------------------------------------------------------------- tokens
@@ -256,36 +296,59 @@ class ModelFamily:
         messages: list[dict],
         images: Sequence[Any] | None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        videos: Sequence[dict[str, Any]] | None = None,
     ) -> EncodedPrompt:
         """Apply the chat template and the processor to one conversational prompt.
 
         Args:
             processor (`ProcessorMixin`): the family's processor.
-            messages (`list[dict]`): conversational prompt whose user content holds `{"type": "image"}` entries.
+            messages (`list[dict]`): conversational prompt whose user content holds `{"type": "image"}` and
+                `{"type": "video"}` entries.
             images (`Sequence[PIL.Image.Image] | None`): the images, in placeholder order.
             chat_template_kwargs (`dict | None`, defaults to None): extra arguments of `apply_chat_template` (e.g.
                 `{"enable_thinking": False}`), as TRL's `chat_template_kwargs`.
+            videos (`Sequence[dict] | None`, defaults to None): the videos as the dataset stores them
+                (`{"path", "frames"}`), in placeholder order; decoded here with the processor's frame sampling
+                (`vlm_grpo.video.decode_video`).
         """
         text = processor.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
         )
         images = list(images) if images else []
-        num_placeholders = sum(
-            1
-            for m in messages
-            if isinstance(m["content"], list)
-            for part in m["content"]
-            if part["type"] == "image"
-        )
-        if num_placeholders != len(images):
-            raise VLMGRPOError(
-                f"The prompt has {num_placeholders} image entries but {len(images)} images were given; "
-                "each image needs exactly one {'type': 'image'} entry in the prompt."
+        videos = list(videos) if videos else []
+        for kind, given in (("image", images), ("video", videos)):
+            num_placeholders = sum(
+                1
+                for m in messages
+                if isinstance(m["content"], list)
+                for part in m["content"]
+                if part["type"] == kind
             )
-        encoded = processor(text=[text], images=images or None, return_tensors="pt")
-        image_inputs = {k: encoded[k] for k in self.image_input_keys if k in encoded and images}
+            if num_placeholders != len(given):
+                raise VLMGRPOError(
+                    f"The prompt has {num_placeholders} {kind} entries but {len(given)} {kind}s were given; "
+                    f"each {kind} needs exactly one {{'type': '{kind}'}} entry in the prompt."
+                )
+        video_kwargs = {}
+        if videos:
+            if not self.video_input_keys:
+                raise VLMGRPOError(
+                    f"{self.model_type} models read no video, but a prompt holds {len(videos)} "
+                    f"(first: {video_name(videos[0])}); remove the videos from the data, or "
+                    "train a family that reads video (see docs/families.md)."
+                )
+            fps = processor.video_processor.fps
+            video_kwargs = processor_video_kwargs(
+                [decode_video(v, processor.video_processor, fps) for v in videos]
+            )
+        encoded = processor(text=[text], images=images or None, return_tensors="pt", **video_kwargs)
+        keys = (self.image_input_keys if images else ()) + (self.video_input_keys if videos else ())
+        image_inputs = {k: torch.as_tensor(encoded[k]) for k in keys if k in encoded}
         return EncodedPrompt(
-            input_ids=encoded["input_ids"][0].tolist(), image_inputs=image_inputs, num_images=len(images)
+            input_ids=encoded["input_ids"][0].tolist(),
+            image_inputs=image_inputs,
+            num_images=len(images),
+            num_videos=len(videos),
         )
 
     def encode_images(self, processor: ProcessorMixin, images: Sequence[Any]) -> dict[str, torch.Tensor]:
@@ -352,8 +415,11 @@ class ModelFamily:
         return text.rstrip().endswith(REASONING_OPEN)
 
     def collate(self, image_inputs: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Concatenate per-sample image tensors of a batch along dim 0 (text-only samples contribute nothing)."""
-        keys = [k for k in self.image_input_keys if any(k in row for row in image_inputs)]
+        """Concatenate per-sample image (and video) tensors of a batch along dim 0 (text-only samples contribute
+        nothing)."""
+        keys = [
+            k for k in self.image_input_keys + self.video_input_keys if any(k in row for row in image_inputs)
+        ]
         return {k: torch.cat([row[k] for row in image_inputs if k in row], dim=0) for k in keys}
 
     def token_type_inputs(self, input_ids: torch.Tensor, model_config: Any) -> dict[str, torch.Tensor]:

@@ -82,6 +82,7 @@ class Gemma4Family(ModelFamily):
         messages: list[dict],
         images: Sequence[Any] | None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        videos: Sequence[dict[str, Any]] | None = None,
     ) -> EncodedPrompt:
         """As `ModelFamily.encode_prompt`; a prompt with an audio or video entry is refused (one-line error)."""
         for message in messages:
@@ -92,7 +93,7 @@ class Gemma4Family(ModelFamily):
                     f"Gemma 4 {'/'.join(kinds)} inputs are not supported (a {message['role']} message holds "
                     f"{kinds[0]!r}); only images and text are."
                 )
-        return super().encode_prompt(processor, messages, images, chat_template_kwargs)
+        return super().encode_prompt(processor, messages, images, chat_template_kwargs, videos)
 
     def vllm_history_ids(self, processor: ProcessorMixin, ids: Sequence[int]) -> list[int]:
         """As `ModelFamily.vllm_history_ids`; Gemma 4 expands each `<|image|>` into `<|image>` + soft tokens +

@@ -4,7 +4,9 @@
 Images become 14-pixel patches merged 2x2 (`pixel_values` `[N_patches, C*T*P*P]`, `image_grid_thw` `[N_images, 3]`),
 each merged block one `<|image|>` between `<|begin_of_image|>` and `<|end_of_image|>`; the language model places
 them with 3-D M-RoPE from `mm_token_type_ids`, like Qwen2-VL (see `qwen2_vl`), whose positions and generation
-hooks serve here unchanged. GLM-4.5V's language model routes tokens to expert MLPs, with a router load-balancing
+hooks serve here unchanged. Video is refused for now: GLM writes a video's frames as `<|image|>` runs too, and
+transformers' forward takes every `<|image|>` of a batch as both the image and the video placeholders, so a batch
+that mixes images and videos fails there. GLM-4.5V's language model routes tokens to expert MLPs, with a router load-balancing
 loss trained as for Qwen3-VL MoE (see `qwen3_vl_moe`).
 """
 
@@ -35,6 +37,8 @@ class Glm4vFamily(Qwen2VLFamily):
         "video_start_token_id",
         "video_end_token_id",
     )
+    video_input_keys: ClassVar[tuple[str, ...]] = ()  # see the module docstring
+    video_feature_keys: ClassVar[tuple[str, ...]] = ()
     _classes: ClassVar[dict[str, type]] = {
         "glm4v": Glm4vForConditionalGeneration,
         "glm46v": Glm46VForConditionalGeneration,

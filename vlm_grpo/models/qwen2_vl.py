@@ -3,6 +3,10 @@
 Images become a flat sequence of patches (`pixel_values` `[N_patches, C*T*P*P]`) described by `image_grid_thw`
 `[N_images, 3]`; the language model places them with 3-D M-RoPE, which needs `mm_token_type_ids` `[B, L]`
 (0 text, 1 image, 2 video) over the whole sequence. Image size is bounded by `min_pixels` / `max_pixels`.
+
+Videos likewise: `pixel_values_videos` `[N_patches, C*T*P*P]` described by `video_grid_thw` `[N_videos, 3]`, plus
+Qwen2.5-VL's `second_per_grid_ts` `[N_videos]` (seconds per temporal patch, which its M-RoPE spaces frames by);
+Qwen3-VL writes each frame's timestamp as text before it instead.
 """
 
 from __future__ import annotations
@@ -28,6 +32,14 @@ class Qwen2VLFamily(ModelFamily):
     model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
     vision_module_names: ClassVar[tuple[str, ...]] = ("visual",)
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
+    video_input_keys: ClassVar[tuple[str, ...]] = (
+        "pixel_values_videos",
+        "video_grid_thw",
+        "second_per_grid_ts",
+    )
+    video_feature_keys: ClassVar[tuple[str, ...]] = ("pixel_values_videos", "video_grid_thw")
+    grid_keys: ClassVar[tuple[str, ...]] = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+    """The per-image and per-video inputs M-RoPE reads (`get_rope_index`)."""
     placeholder_config_attrs: ClassVar[tuple[str, ...]] = (
         "image_token_id",
         "video_token_id",
@@ -61,6 +73,27 @@ class Qwen2VLFamily(ModelFamily):
             image_processor.size["longest_edge"] = max_pixels
         if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
             raise VLMGRPOError(f"min_pixels ({min_pixels}) must not exceed max_pixels ({max_pixels}).")
+
+    def configure_video(
+        self,
+        processor: ProcessorMixin,
+        fps: float,
+        max_frames: int | None = None,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+    ) -> None:
+        """As `ModelFamily.configure_video`; `min_pixels` / `max_pixels` bound the pixels of a whole video (all its
+        frames), which the video processor spreads over the frames (its `size` `shortest_edge` / `longest_edge`)."""
+        super().configure_video(processor, fps, max_frames)
+        size = processor.video_processor.size
+        if min_pixels is not None:
+            size["shortest_edge"] = min_pixels
+        if max_pixels is not None:
+            size["longest_edge"] = max_pixels
+        if size["shortest_edge"] > size["longest_edge"]:
+            raise VLMGRPOError(
+                f"video_min_pixels ({size['shortest_edge']}) must not exceed video_max_pixels ({size['longest_edge']})."
+            )
 
     def image_tokens(
         self,
@@ -105,14 +138,20 @@ class Qwen2VLFamily(ModelFamily):
     def _rope_index(
         self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_inputs: Sequence[dict]
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`(position_ids [3, B, L], rope_deltas [B, 1])` by the model's own M-RoPE rule; None without images.
+        """`(position_ids [3, B, L], rope_deltas [B, 1])` by the model's own M-RoPE rule; None without images or videos.
 
         The model's rule walks every row in Python. Here it runs once per distinct row head (the columns up to the
         last vision token of the batch: the prompt, identical across a group's rows), and the text after it, where
-        M-RoPE counts like 1-D RoPE shifted by the row's `rope_delta`, is filled in one tensor operation. Padding
-        gets position 0, as the model gives it.
+        M-RoPE counts like 1-D RoPE shifted by the row's delta, is filled in one tensor operation. Padding gets
+        position 0, as the model gives it.
+
+        The delta is where the model's forward places a text token after the head (one text column appended to each
+        head when the rule runs), less that token's index. The model's own `rope_deltas` (the head's largest position
+        + 1, less its length) says the same after images, but not after a video whose frames span more positions than
+        its width or height: transformers' forward then continues at the spatial extent while its `generate` would
+        continue after the largest position. Here every pass, generation included, places tokens as the forward does.
         """
-        if not any("image_grid_thw" in row for row in image_inputs):
+        if not any(key in row for row in image_inputs for key in self.grid_keys):
             return None
         types = self.token_type_inputs(input_ids, model.config)["mm_token_type_ids"]  # [B, L]
         cut = int(types.ne(0).any(0).nonzero().max()) + 1  # columns >= cut are text in every row
@@ -120,25 +159,35 @@ class Qwen2VLFamily(ModelFamily):
         distinct: dict[bytes, int] = {}
         inverse = []  # row -> its distinct head
         for row, head in enumerate(heads):
-            grid = image_inputs[row].get("image_grid_thw")
-            key = head.tobytes() + (b"" if grid is None else grid.cpu().numpy().tobytes())
-            inverse.append(distinct.setdefault(key, row))
+            own = [
+                image_inputs[row][k].cpu().numpy().tobytes() for k in self.grid_keys if k in image_inputs[row]
+            ]
+            inverse.append(distinct.setdefault(head.tobytes() + b"|".join(own), row))
         firsts = sorted(set(inverse))
-        grids = [
-            image_inputs[row]["image_grid_thw"] for row in firsts if "image_grid_thw" in image_inputs[row]
-        ]
-        head_positions, head_deltas = model.model.get_rope_index(
-            input_ids[firsts, :cut],
-            mm_token_type_ids=types[firsts, :cut],
-            image_grid_thw=torch.cat(grids).to(input_ids.device),
-            attention_mask=attention_mask[firsts, :cut],
-        )  # [3, U, cut], [U, 1]
+        # image_grid_thw [N_images, 3], video_grid_thw [N_videos, 3], second_per_grid_ts [N_videos]
+        grids = {
+            key: torch.cat([image_inputs[row][key] for row in firsts if key in image_inputs[row]])
+            for key in self.grid_keys
+            if any(key in image_inputs[row] for row in firsts)
+        }
+        grids = {key: value.to(input_ids.device) for key, value in grids.items()}
+        # one text token after each head: where the model places it is where the text after the head goes on
+        text_column = input_ids.new_zeros(len(firsts), 1)
+        probe_mask = torch.cat([attention_mask[firsts, :cut], text_column + 1], 1)  # [U, cut+1]
+        probe_positions, _ = model.model.get_rope_index(
+            torch.cat([input_ids[firsts, :cut], text_column], 1),
+            mm_token_type_ids=torch.cat([types[firsts, :cut], text_column], 1),
+            attention_mask=probe_mask,
+            **grids,
+        )  # [3, U, cut+1]
+        head_positions = probe_positions[:, :, :cut].to(input_ids.device)  # [3, U, cut]
+        head_deltas = probe_positions[0, :, cut:].to(input_ids.device) - (probe_mask.sum(1, keepdim=True) - 1)
         slot = {row: i for i, row in enumerate(firsts)}
         index = torch.tensor([slot[row] for row in inverse], device=input_ids.device)  # [B]
-        deltas = head_deltas.to(input_ids.device)[index]  # [B, 1]
+        deltas = head_deltas[index]  # [B, 1]
         text = (attention_mask.long().cumsum(-1) - 1)[:, cut:] + deltas  # [B, L-cut]
         text = text.masked_fill(attention_mask[:, cut:] == 0, 0)
-        positions = torch.cat([head_positions.to(input_ids.device)[:, index], text.expand(3, -1, -1)], 2)
+        positions = torch.cat([head_positions[:, index], text.expand(3, -1, -1)], 2)
         return positions, deltas
 
     def position_ids(
