@@ -23,6 +23,12 @@ index_pip = env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
 	PIP_CERT="$(call pip_setting,PIP_CERT,cert)" \
 	PIP_TRUSTED_HOST="$(call pip_setting,PIP_TRUSTED_HOST,trusted-host)" \
 	$(1)/python -m pip
+# The suite runs in TEST_WORKERS processes (pytest-xdist; each test file stays in one of them) with one intra-op
+# thread each: the tiny models' steps are mostly Python, which one process per core runs side by side, while several
+# torch threads per process would only wait on each other.
+TEST_WORKERS ?= 2
+PARALLEL = OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+PARALLEL_ARGS = -n $(TEST_WORKERS) --dist loadfile
 # the versions a test run used, printed before it starts
 VERSIONS = grep -iE '^(torch|torchvision|transformers|trl|peft|accelerate|deepspeed|bitsandbytes|datasets|vllm[a-z-]*)=='
 
@@ -66,15 +72,15 @@ install-vllm: $(VLLM_BIN)/vlm-grpo
 
 test: install
 	$(BIN)/python -m pip freeze | $(VERSIONS)
-	$(BIN)/python -m pytest -q tests
+	$(PARALLEL) $(BIN)/python -m pytest -q $(PARALLEL_ARGS) tests
 
 # DeepSpeed's JIT-built CPU op is cached per venv (the build command holds the venv's path), so the floor run
 # keeps its own cache instead of invalidating the one `make test` uses. The `once`-marked tests (the benchmark
 # scripts' smoke runs, the package index's resolution of `.[vllm]`) run in `make test` only.
 test-floor: install-floor
 	$(FLOOR_BIN)/python -m pip freeze | $(VERSIONS)
-	TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_floor" \
-		$(FLOOR_BIN)/python -m pytest -q -m 'not gpu and not npu and not vllm and not once' tests
+	TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_floor" $(PARALLEL) \
+		$(FLOOR_BIN)/python -m pytest -q $(PARALLEL_ARGS) -m 'not gpu and not npu and not vllm and not once' tests
 
 # The vllm-marked tests, on vLLM's CPU backend here (and on a GPU where vLLM finds one). The KV cache gets 1 GiB.
 test-vllm: install-vllm

@@ -594,7 +594,9 @@ def test_empty_media_field_is_kept_as_a_column(tmp_path):
         tmp_path, [{"image": "a.png", "problem": "p", "solution": "s", "audios": []}], name="data.jsonl"
     )
     assert ds["audios"] == [[]] and ds["image_paths"] == [[str(tmp_path / "a.png")]]
-    ds = load_one(tmp_path, [{"image": "a.png", "problem": "p", "solution": "s", "videos": []}], name="v.jsonl")
+    ds = load_one(
+        tmp_path, [{"image": "a.png", "problem": "p", "solution": "s", "videos": []}], name="v.jsonl"
+    )
     assert ds["videos"] == [[]]  # no video: the loader's column, empty
 
 
