@@ -28,7 +28,7 @@ from .config import DataConfig, DataEntry, parse_data_config
 from .errors import DataConfigError, record_error
 from .formats import ParsedRecord, parse_record
 from .images import check_image, check_images
-from .prompts import TemplateFieldError, apply_template, build_prompt
+from .prompts import PlaceholderCountError, TemplateFieldError, apply_template, build_prompt
 from .readers import Record, read_records
 from .videos import check_video
 
@@ -177,8 +177,8 @@ def _row(entry: DataEntry, record: Record, item: ParsedRecord, config_file: str)
         raise DataConfigError(f"{config_file}: {entry.template_origin}: {exc}") from exc
     try:
         prompt = build_prompt(text, len(item.images), entry.system_prompt, len(item.videos))
-    except ValueError as exc:
-        field = item.video_field if "<video>" in str(exc) else item.image_field
+    except PlaceholderCountError as exc:
+        field = item.video_field if exc.kind == "video" else item.image_field
         raise record_error(file, record.where, field or "problem", str(exc)) from exc
     return {
         "prompt": prompt,

@@ -14,6 +14,18 @@ class TemplateFieldError(KeyError):
     """A prompt template names a field the record lacks."""
 
 
+class PlaceholderCountError(ValueError):
+    """A prompt's placeholders of one kind of media do not match the record's number of that kind.
+
+    Attributes:
+        kind (`str`): `"image"` or `"video"`.
+    """
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
 def apply_template(template: str | None, fields: dict) -> str:
     """Fill a prompt template with a record's fields.
 
@@ -69,15 +81,17 @@ def build_user_content(text: str, num_images: int, num_videos: int = 0) -> list[
         `list[dict]`: Content parts, e.g. `[{"type": "image"}, {"type": "text", "text": "What is this?"}]`.
 
     Raises:
-        ValueError: `text` has placeholders of a kind and their count differs from the record's number of that kind.
+        PlaceholderCountError: `text` has placeholders of a kind and their count differs from the record's number of
+            that kind.
     """
     counts = {"video": num_videos, "image": num_images}
     placed = {kind: text.count(PLACEHOLDERS[kind]) for kind in counts}
     for kind, found in placed.items():
         if found and found != counts[kind]:
-            raise ValueError(
+            raise PlaceholderCountError(
                 f"the prompt has {found} {PLACEHOLDERS[kind]} placeholder(s) but the record has {counts[kind]} "
-                f"{kind}(s); make the counts equal, or remove the placeholders to put all {kind}s first"
+                f"{kind}(s); make the counts equal, or remove the placeholders to put all {kind}s first",
+                kind,
             )
     content: list[dict] = [{"type": kind} for kind in counts if not placed[kind] for _ in range(counts[kind])]
     pattern = "(" + "|".join(re.escape(PLACEHOLDERS[kind]) for kind in counts if placed[kind]) + ")"
@@ -112,7 +126,7 @@ def build_prompt(
         `{"role": "user", "content": build_user_content(text, num_images, num_videos)}`.
 
     Raises:
-        ValueError: See `build_user_content`.
+        PlaceholderCountError: See `build_user_content`.
     """
     messages = []
     if system_prompt:
