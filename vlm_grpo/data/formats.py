@@ -125,6 +125,29 @@ def _conversation(file: str, record: Record) -> tuple[str, str]:
     return turns[0]["value"], turns[1]["value"]
 
 
+def _media(file: str, record: Record, names: tuple[str, str], resolve) -> tuple[str | None, list]:
+    """`(field, references)` of one kind of media, from the one of its two fields (`names`, e.g. `image`/`images`)
+    that the record fills; `(None, [])` when it fills neither.
+
+    Args:
+        resolve (`Callable[[object, str], list]`): the references of a field's value, given the value and the field.
+
+    Raises:
+        DataConfigError: the record fills both fields, or a value is malformed.
+    """
+    present = [name for name in names if record.fields.get(name) is not None]
+    if len(present) > 1:
+        raise record_error(
+            file, record.where, names[1], f"record has both '{names[0]}' and '{names[1]}'; keep only one"
+        )
+    if not present:
+        return None, []
+    try:
+        return present[0], resolve(record.fields[present[0]], present[0])
+    except ValueError as exc:
+        raise record_error(file, record.where, present[0], f"{exc}") from exc
+
+
 def parse_record(file: str, record: Record, image_root: str) -> ParsedRecord:
     """Detect a record's format and bring it into the common shape.
 
@@ -214,31 +237,15 @@ def parse_record(file: str, record: Record, image_root: str) -> ParsedRecord:
             f"found fields {sorted(fields)}",
         )
 
-    present = [name for name in ("image", "images") if fields.get(name) is not None]
-    if len(present) > 1:
-        raise record_error(
-            file, record.where, "images", "record has both 'image' and 'images'; keep only one"
-        )
-    image_field = present[0] if present else None
-    images: list[ImageRef] = []
-    if image_field is not None:
-        try:
-            images = image_refs_from_value(fields[image_field], image_root)
-        except ValueError as exc:
-            raise record_error(file, record.where, image_field, f"{exc}") from exc
-
-    present = [name for name in ("video", "videos") if fields.get(name) is not None]
-    if len(present) > 1:
-        raise record_error(
-            file, record.where, "videos", "record has both 'video' and 'videos'; keep only one"
-        )
-    video_field = present[0] if present else None
-    videos: list[VideoRef] = []
-    if video_field is not None:
-        try:
-            videos = video_refs_from_value(fields[video_field], image_root, many=video_field == "videos")
-        except ValueError as exc:
-            raise record_error(file, record.where, video_field, f"{exc}") from exc
+    image_field, images = _media(
+        file, record, ("image", "images"), lambda v, f: image_refs_from_value(v, image_root)
+    )
+    video_field, videos = _media(
+        file,
+        record,
+        ("video", "videos"),
+        lambda v, f: video_refs_from_value(v, image_root, many=f == "videos"),
+    )
 
     extras = {key: value for key, value in fields.items() if key not in consumed}
     extras["problem"] = problem
