@@ -194,6 +194,8 @@ def evaluate(
     seed: int = 42,
     output: str | None = None,
     trust_remote_code: bool = False,
+    video_fps: float = 2.0,
+    video_max_frames: int | None = None,
 ) -> dict[str, Any]:
     """Evaluate `model` (plus an optional LoRA `adapter`) on the data config `data`.
 
@@ -209,7 +211,13 @@ def evaluate(
         seed (`int`, defaults to 42): seed (data sampling, and decoding when not greedy).
         output (`str | None`): where to write the JSON report.
         trust_remote_code (`bool`, defaults to False): allow code shipped with the checkpoint to run.
+        video_fps (`float`, defaults to 2.0): frames per second sampled from a video file, as training's
+            `video_fps`.
+        video_max_frames (`int | None`, defaults to None): most frames sampled from a video, as training's
+            `video_max_frames` (None: the video processor's own).
     """
+    if not video_fps > 0:
+        raise VLMGRPOError(f"--video_fps must be a positive number, got {video_fps}.")
     check_paths(model, data)
     model, adapter = resolve_adapter(model, adapter)
     funcs, _ = build_rewards(list(rewards))
@@ -230,6 +238,7 @@ def evaluate(
         policy = PeftModel.from_pretrained(policy, adapter)
     policy = policy.to(default_device()).eval()
     processor = family.load_processor(model, trust_remote_code=trust_remote_code)
+    family.configure_video(processor, fps=video_fps, max_frames=video_max_frames)
 
     scores: dict[str, list[float]] = {f.__name__: [] for f in funcs}
     for start in range(0, len(dataset), batch_size):
@@ -283,6 +292,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--trust_remote_code", action="store_true")
+    parser.add_argument(
+        "--video_fps",
+        type=float,
+        default=2.0,
+        help="frames per second sampled from a video file (as training)",
+    )
+    parser.add_argument(
+        "--video_max_frames", type=int, default=None, help="most frames sampled from a video (as training)"
+    )
     args = parser.parse_args(argv)
     report = evaluate(
         args.model,
@@ -295,6 +313,8 @@ def main(argv: list[str] | None = None) -> None:
         args.seed,
         args.output,
         args.trust_remote_code,
+        args.video_fps,
+        args.video_max_frames,
     )
     print(f"accuracy: {report['accuracy']:.4f} (n={report['n']})")
     print(json.dumps(report["rewards"], indent=2))
