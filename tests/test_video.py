@@ -350,3 +350,57 @@ def test_what_cannot_take_videos_is_refused_at_construction(case, message, tiny_
             model=tiny_model(VIDEO_FAMILIES[0]), reward_funcs=length_reward, args=args,
             train_dataset=Dataset.from_list(rows), **extra,
         )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------------- planner
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+def test_planner_counts_the_video_tokens_the_processor_writes(family, tiny_model, tmp_path):
+    """`vlm-grpo plan`'s tokens of one video (the family's count with the folder's video size bounds, as the plan
+    reads them) equal the placeholders the processor writes for a list of that many frames of that size."""
+    from vlm_grpo.planner.architectures import load_model_config
+
+    path = tiny_model(family)
+    model_family = get_model_family(path)
+    processor = model_family.load_processor(path)
+    model_family.configure_video(processor, fps=2.0)
+    config, settings, _ = load_model_config(path)
+    bounds = (settings["video_min_pixels"], settings["video_max_pixels"])
+    for frames, (width, height) in ((4, (56, 56)), (6, (80, 48)), (8, (200, 120))):
+        folder = tmp_path / f"{frames}_{width}x{height}"
+        names = write_frames(folder, np.zeros((frames, height, width, 3), np.uint8))
+        listed = [str(tmp_path / name) for name in names]
+        encoded = model_family.encode_prompt(processor, video_message(), [], None, [listed])
+        written = encoded.input_ids.count(config.video_token_id)
+        assert model_family.video_tokens(config, frames, width, height, *bounds) == written > 0
+
+
+def test_plan_counts_the_videos_of_a_prompt(tiny_model, tmp_path):
+    """`--videos 1 --video_frames 8 --video_size 112x112` adds the family's tokens of such a video to the prompt;
+    `video_max_frames` caps the frames; a family that reads no video is one line."""
+    from test_plan import plan_command, planned
+
+    from vlm_grpo.planner.architectures import load_model_config
+    from vlm_grpo.planner.report import VideoShape
+
+    model = tiny_model(VIDEO_FAMILIES[0])
+    config, settings, _ = load_model_config(model)
+    family = get_model_family(config)
+    tokens = family.video_tokens(
+        config, 8, 112, 112, settings["video_min_pixels"], settings["video_max_pixels"]
+    )
+    without = planned(model, plan_options={"images": 0}).recipe.prompt_tokens
+    with_video = planned(model, plan_options={"images": 0, "videos": VideoShape(1, 8, (112, 112))})
+    assert with_video.recipe.prompt_tokens == without + tokens and with_video.videos.tokens == tokens
+    capped = planned(model, plan_options={"videos": VideoShape(2, 8, (112, 112))}, video_max_frames=4)
+    assert capped.videos.frames == 4 and capped.videos.tokens < tokens
+
+    train = tmp_path / "train.yaml"
+    train.write_text(f"model_name_or_path: {model}\n", encoding="utf-8")
+    shown = plan_command(str(train), "--videos", "1", "--video_frames", "8", "--video_size", "112x112")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert f"1 video of 8 frames 112x112, {tokens} tokens each" in shown.stdout
+
+    train.write_text(f"model_name_or_path: {tiny_model(NO_VIDEO_FAMILY)}\n", encoding="utf-8")
+    refused = plan_command(str(train), "--videos", "1")
+    assert refused.returncode == 1 and "read no video here; drop --videos" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1

@@ -3,6 +3,7 @@
     vlm-grpo plan recipes/qwen2_5_vl_7b_brand_qlora.yaml --gpus 1 --gpu_memory 24GiB
     vlm-grpo plan recipes/qwen2_5_vl_3b_rec.yaml --gpus 8 --deepspeed local_scripts/zero3.json
     vlm-grpo plan my.yaml --model_config path/to/config.json --image_size 896x672 --per_device_train_batch_size 2
+    vlm-grpo plan my_video.yaml --images 0 --videos 1 --video_frames 16 --video_size 448x448
 
 Any training option may be given on the command line, as with `vlm-grpo train`. The model's architecture comes
 from its folder's `config.json`, `--model_config`, or the published config of a known checkpoint (no download);
@@ -48,6 +49,16 @@ def plan_parser() -> argparse.ArgumentParser:
         help="WIDTHxHEIGHT of the images (default: the square of max_pixels when the config sets it, else 448x448)",
     )
     parser.add_argument("--images", type=int, default=1, help="images per prompt (default 1)")
+    parser.add_argument("--videos", type=int, default=0, help="videos per prompt (default 0)")
+    parser.add_argument(
+        "--video_frames",
+        type=int,
+        default=16,
+        help="frames sampled from each video, e.g. video_fps x seconds (default 16; at most video_max_frames)",
+    )
+    parser.add_argument(
+        "--video_size", default="448x448", help="WIDTHxHEIGHT of the video frames (default 448x448)"
+    )
     parser.add_argument("--text_tokens", type=int, default=64, help="text tokens of a prompt (default 64)")
     parser.add_argument("--deepspeed", help="DeepSpeed json (ZeRO stage, offload); also read from the YAML")
     return parser
@@ -62,11 +73,11 @@ def parse_memory(text: str) -> int:
     return int(value * (1e9 if unit == "GB" else GIB))
 
 
-def parse_image_size(text: str) -> tuple[int, int]:
-    """`"448x448"` as `(width, height)`."""
+def parse_image_size(text: str, flag: str = "--image_size") -> tuple[int, int]:
+    """`"448x448"` as `(width, height)`; `flag` names the option in the error."""
     match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
     if match is None:
-        raise VLMGRPOError(f"--image_size {text!r}: give WIDTHxHEIGHT, e.g. 448x448.")
+        raise VLMGRPOError(f"{flag} {text!r}: give WIDTHxHEIGHT, e.g. 448x448.")
     return int(match.group(1)), int(match.group(2))
 
 
@@ -121,14 +132,22 @@ def main(argv: list[str] | None = None) -> None:
     if options is not None:  # unknown keys and flags, before TRL and transformers are imported
         check_flags(rest, options["flags"])
         check_config_keys(config, plan_args.config, options["names"])
+    if plan_args.videos < 0 or plan_args.video_frames < 2:
+        raise VLMGRPOError(
+            f"--videos must be at least 0 and --video_frames at least 2, got {plan_args.videos} and "
+            f"{plan_args.video_frames}."
+        )
     gpu_memory = parse_memory(plan_args.gpu_memory)
     image_size = parse_image_size(plan_args.image_size) if plan_args.image_size else None
+    video_size = parse_image_size(plan_args.video_size, "--video_size")
     stage, offload_optimizer, offload_params = read_deepspeed(plan_args.deepspeed or config.get("deepspeed"))
     training_args, model_args = training_options(plan_args.config, config, rest)
     processes = plan_args.gpus * plan_args.nodes
     if stage and processes == 1:
         print("note: ZeRO on one GPU divides nothing; give --gpus (and --nodes) as you will launch.")
-    from ..planner.report import describe, plan_config
+    from ..planner.report import VideoShape, describe, plan_config
+
+    videos = VideoShape(plan_args.videos, plan_args.video_frames, video_size) if plan_args.videos else None
 
     planned = plan_config(
         training_args,
@@ -141,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         text_tokens=plan_args.text_tokens,
         model_config=plan_args.model_config,
         advise=True,
+        videos=videos,
     )
     gpus = f"{plan_args.nodes} x {plan_args.gpus}" if plan_args.nodes > 1 else f"{plan_args.gpus}"
     title = f"vlm-grpo plan {plan_args.config}: {gpus} GPU(s) of {gpu_memory / GIB:.0f} GiB"

@@ -275,6 +275,20 @@ class ModelFamily:
         without running its processor. Used by `vlm-grpo plan`."""
         return None
 
+    def video_tokens(
+        self,
+        model_config: Any,
+        frames: int,
+        width: int,
+        height: int,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+    ) -> int | None:
+        """Placeholder tokens one video of `frames` sampled frames of `width` x `height` pixels takes in a prompt, as
+        the family's video processor counts them with these size bounds (None: its own); None for a family that reads
+        no video. Used by `vlm-grpo plan`."""
+        return None
+
     def attention_head_dims(self, model_config: Any) -> dict[str, int]:
         """The language model's head dims by attention kind (`"attention"`, and for hybrid models `"linear-attention
         key"` / `"linear-attention value"`): what an inference engine's kernels must support.

@@ -114,6 +114,35 @@ class Qwen2VLFamily(ModelFamily):
         resized_height, resized_width = smart_resize(height, width, factor=factor, **bounds)
         return (resized_height // factor) * (resized_width // factor)
 
+    def video_tokens(
+        self,
+        model_config: Any,
+        frames: int,
+        width: int,
+        height: int,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+    ) -> int:
+        """Counted by the published video processor class (Qwen2-VL's, or Qwen3-VL's for Qwen3-VL and Qwen3.5) with
+        the model's patch layout and its `size` bounds (`min_pixels` / `max_pixels` replace them): its
+        `get_num_of_video_patches`, one token per merged patch."""
+        from transformers import Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
+
+        cls = Qwen3VLVideoProcessor if self.model_type.startswith("qwen3") else Qwen2VLVideoProcessor
+        vision = model_config.vision_config
+        size = dict(cls.size)
+        if min_pixels is not None:
+            size["shortest_edge"] = min_pixels
+        if max_pixels is not None:
+            size["longest_edge"] = max_pixels
+        processor = cls(
+            size=size,
+            patch_size=vision.patch_size,
+            merge_size=vision.spatial_merge_size,
+            temporal_patch_size=vision.temporal_patch_size,
+        )
+        return processor.get_num_of_video_patches(frames, height, width, {}) // vision.spatial_merge_size**2
+
     def join_image_features(self, outputs: Sequence[Any]) -> Any:
         """Per-image `pooler_output` tuples chained; Qwen3-VL's `deepstack_features` joined layer by layer."""
         joined = super().join_image_features(outputs)

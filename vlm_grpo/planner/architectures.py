@@ -86,7 +86,8 @@ def load_model_config(model: str, model_config: str | None = None) -> tuple[Any,
 
     Returns:
         `tuple`: the `transformers` config, the image-size settings of its processor (`min_pixels`, `max_pixels`
-        where the folder or the published checkpoint has them) and where the config came from.
+        where the folder or the published checkpoint has them; `video_min_pixels`, `video_max_pixels` where the
+        folder's video processor has them) and where the config came from.
 
     Raises:
         VLMGRPOError: no config is found, it is not JSON, or its `model_type` is unknown to transformers.
@@ -133,20 +134,24 @@ def _config(auto_config: Any, fields: dict[str, Any], source: str) -> Any:
 
 
 def _processor_settings(folder: Path) -> dict[str, Any]:
-    """`min_pixels` / `max_pixels` (`max_tiles`) of a model folder's image processor, where it sets them: from
-    `preprocessor_config.json`, or the `image_processor` entry of `processor_config.json` (as transformers 5 saves)."""
-    if (folder / "preprocessor_config.json").is_file():
-        settings = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
-    elif (folder / "processor_config.json").is_file():
-        settings = json.loads((folder / "processor_config.json").read_text(encoding="utf-8")).get(
-            "image_processor", {}
-        )
-    else:
-        return {}
-    size = settings.get("size") or {}
-    found = {
-        "min_pixels": size.get("shortest_edge", settings.get("min_pixels")),
-        "max_pixels": size.get("longest_edge", settings.get("max_pixels")),
-        "max_tiles": settings.get("max_patches"),
-    }
+    """`min_pixels` / `max_pixels` (`max_tiles`) of a model folder's image processor, and `video_min_pixels` /
+    `video_max_pixels` of its video processor, where it sets them: from `preprocessor_config.json` and
+    `video_preprocessor_config.json`, or the `image_processor` and `video_processor` entries of
+    `processor_config.json` (as transformers 5 saves)."""
+    joined = folder / "processor_config.json"
+    joined_settings = json.loads(joined.read_text(encoding="utf-8")) if joined.is_file() else {}
+    found = {}
+    for prefix, file, entry in (
+        ("", "preprocessor_config.json", "image_processor"),
+        ("video_", "video_preprocessor_config.json", "video_processor"),
+    ):
+        if (folder / file).is_file():
+            settings = json.loads((folder / file).read_text(encoding="utf-8"))
+        else:
+            settings = joined_settings.get(entry, {})
+        size = settings.get("size") or {}
+        found[f"{prefix}min_pixels"] = size.get("shortest_edge", settings.get("min_pixels"))
+        found[f"{prefix}max_pixels"] = size.get("longest_edge", settings.get("max_pixels"))
+        if not prefix:
+            found["max_tiles"] = settings.get("max_patches")
     return {key: value for key, value in found.items() if isinstance(value, int)}

@@ -36,6 +36,8 @@ class Planned:
         image_tokens (`int | None`): tokens of one image, None when the family cannot say.
         lora_layers (`int`): linear layers LoRA targets.
         image_size (`tuple[int, int]`, defaults to 448x448): the images the plan assumes.
+        videos (`VideoShape | None`, defaults to None): the videos of a prompt the plan assumes, with the tokens of
+            one; None without video.
         advice (`list[Advice]`, defaults to none): the changes that lower the peak (when asked for), lowest first.
     """
 
@@ -48,7 +50,34 @@ class Planned:
     image_tokens: int | None
     lora_layers: int
     image_size: tuple[int, int] = DEFAULT_IMAGE
+    videos: VideoShape | None = None
     advice: list[Advice] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class VideoShape:
+    """The videos of one prompt that a plan assumes.
+
+    Args:
+        count (`int`): videos per prompt.
+        frames (`int`): frames the video processor samples from each.
+        size (`tuple[int, int]`): width and height of the frames.
+        tokens (`int`, defaults to 0): placeholder tokens of one video, as the family counts them (set by
+            `plan_config`).
+    """
+
+    count: int
+    frames: int
+    size: tuple[int, int]
+    tokens: int = 0
+
+    def describe(self) -> str:
+        """`"1 video of 16 frames 448x448, 1024 tokens each"`."""
+        width, height = self.size
+        plural = "s" if self.count > 1 else ""
+        return (
+            f"{self.count} video{plural} of {self.frames} frames {width}x{height}, {self.tokens} tokens each"
+        )
 
 
 def weight_dtype(model_args: Any, model_config: Any) -> torch.dtype:
@@ -90,6 +119,7 @@ def plan_config(
     model_config: str | None = None,
     device: str = "cuda",
     advise: bool = False,
+    videos: VideoShape | None = None,
 ) -> Planned:
     """Plan a parsed training config.
 
@@ -107,6 +137,10 @@ def plan_config(
         device (`str`, defaults to `"cuda"`): where it trains; TRL's LM head scores only completion tokens on CUDA
             (Triton) and every position elsewhere.
         advise (`bool`, defaults to False): also plan the changes that would lower the peak (`Planned.advice`).
+        videos (`VideoShape | None`, defaults to None): the videos of each prompt; None: no video.
+
+    Raises:
+        VLMGRPOError: `videos` are given for a family that reads no video.
     """
     config, processor, source = load_model_config(model_args.model_name_or_path, model_config)
     family = get_model_family(config)
@@ -145,7 +179,11 @@ def plan_config(
     max_tiles = training_args.max_tiles or processor.get("max_tiles")
     size = image_size or default_image_size(training_args)
     per_image = family.image_tokens(config, *size, min_pixels, max_pixels, max_tiles)
-    recipe = replace(recipe, prompt_tokens=text_tokens + images * (per_image or 0))
+    video_tokens = 0
+    if videos is not None:
+        videos = _video_shape(family, config, videos, training_args, processor)
+        video_tokens = videos.count * videos.tokens
+    recipe = replace(recipe, prompt_tokens=text_tokens + images * (per_image or 0) + video_tokens)
     plan = plan_memory(recipe, params, costs, gpu_memory)
     if model_args.attn_implementation == "eager":
         eager = "attn_implementation eager keeps each layer's attention matrix (heads x tokens^2)"
@@ -155,14 +193,41 @@ def plan_config(
             f"image tokens: {config.model_type} sizes images by its processor; not counted"
         )
     planned = Planned(
-        recipe, plan, params, costs, source, config.model_type, per_image, len(lora_targets or []), size
+        recipe,
+        plan,
+        params,
+        costs,
+        source,
+        config.model_type,
+        per_image,
+        len(lora_targets or []),
+        size,
+        videos,
     )
     if advise:
-        options = dict(image_size=size, images=images, text_tokens=text_tokens, model_config=model_config)
+        options = dict(
+            image_size=size, images=images, text_tokens=text_tokens, model_config=model_config, videos=videos
+        )
         planned.advice = advise_changes(
             planned, training_args, model_args, gpu_memory, dict(options, device=device)
         )
     return planned
+
+
+def _video_shape(
+    family: Any, config: Any, videos: VideoShape, training_args: Any, processor: dict[str, Any]
+) -> VideoShape:
+    """`videos` with the tokens of one video, as the family counts them with the config's video size bounds
+    (`video_min_pixels` / `video_max_pixels`, else the model folder's video processor's, else the family's)."""
+    frames = min(videos.frames, training_args.video_max_frames or videos.frames)
+    min_pixels = training_args.video_min_pixels or processor.get("video_min_pixels")
+    max_pixels = training_args.video_max_pixels or processor.get("video_max_pixels")
+    tokens = family.video_tokens(config, frames, *videos.size, min_pixels, max_pixels)
+    if tokens is None:
+        raise VLMGRPOError(
+            f"{config.model_type} models read no video here; drop --videos (families with video: docs/families.md)."
+        )
+    return replace(videos, frames=frames, tokens=tokens)
 
 
 def _recipe(
@@ -251,6 +316,7 @@ def describe(planned: Planned, gpu_memory: int, processes: int, title: str, gpus
     )
     width, height = planned.image_size
     images = "no image tokens known" if planned.image_tokens is None else f"{planned.image_tokens} per image"
+    videos = f"; {planned.videos.describe()}" if planned.videos else ""
     lines = [
         title,
         f"model       {planned.source} ({planned.model_type})",
@@ -258,7 +324,8 @@ def describe(planned: Planned, gpu_memory: int, processes: int, title: str, gpus
         f"embeddings {p.embeddings / 1e9:.3f}B; {head}",
         f"trainable   {p.trainable / 1e6:.1f}M ({trainable})",
         f"batch       {r.rows} completions per micro-batch, G={r.num_generations}, {r.generation_rows} generated at "
-        f"once; prompt {r.prompt_tokens} tokens ({images} of {width}x{height}), completion {r.completion_tokens}",
+        f"once; prompt {r.prompt_tokens} tokens ({images} of {width}x{height}{videos}), completion "
+        f"{r.completion_tokens}",
         "sharing     " + "\n            ".join(plan.sharing.lines()),
         f"per GPU ({processes} process{'es' if processes > 1 else ''})",
         "  held",
@@ -283,4 +350,12 @@ def describe(planned: Planned, gpu_memory: int, processes: int, title: str, gpus
     return "\n".join(lines)
 
 
-__all__ = ["Planned", "default_image_size", "describe", "plan_config", "verdict", "weight_dtype"]
+__all__ = [
+    "Planned",
+    "VideoShape",
+    "default_image_size",
+    "describe",
+    "plan_config",
+    "verdict",
+    "weight_dtype",
+]
