@@ -36,26 +36,31 @@ RGB = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yel
 
 # ------------------------------------------------------------------------------------------------- data/config
 def write_data(folder: Path, layout: list[str]) -> Path:
-    """A VLM-R1 JSON dataset, one record per entry of `layout` ("image" or "text"), in that order; returns its YAML.
+    """A VLM-R1 JSON dataset, one record per entry of `layout`, in that order; returns its YAML.
 
-    Image records ask for the colour of a square in a 56x56 PNG; text records have no `image` field at all.
+    Entries: "image" asks for the colour of a square in a 56x56 PNG; "video" for the colour of a square in a video of
+    4 frames (a list of 56x56 PNG frame files); "image+video" holds both; "text" records have no image or video.
     """
     from PIL import Image
+
+    def square(name: str, color: str) -> str:
+        image = Image.new("RGB", (56, 56), (128, 128, 128))
+        image.paste(Image.new("RGB", (28, 28), RGB[color]), (14, 14))
+        image.save(folder / "images" / name)
+        return name
 
     (folder / "images").mkdir(parents=True, exist_ok=True)
     records = []
     for i, kind in enumerate(layout):
         color = COLORS[i % len(COLORS)]
         record: dict[str, Any] = {"solution": color, "options": list(COLORS), "id": i}
-        if kind == "image":
-            image = Image.new("RGB", (56, 56), (128, 128, 128))
-            image.paste(Image.new("RGB", (28, 28), RGB[color]), (14, 14))
-            image.save(folder / "images" / f"{i}.png")
-            record.update(image=f"{i}.png", problem="What color is the square ?")
-        elif kind == "text":
-            record.update(problem="Name a color .")
-        else:
-            raise ValueError(f"layout entries are 'image' or 'text', got {kind!r}")
+        if kind not in ("image", "video", "image+video", "text"):
+            raise ValueError(f"layout entries are 'image', 'video', 'image+video' or 'text', got {kind!r}")
+        if "image" in kind:
+            record["image"] = square(f"{i}.png", color)
+        if "video" in kind:
+            record["video"] = [square(f"{i}_frame{t}.png", color) for t in range(4)]
+        record["problem"] = "Name a color ." if kind == "text" else "What color is the square ?"
         records.append(record)
     (folder / "train.json").write_text(json.dumps(records))
     config = folder / "data.yaml"
@@ -271,6 +276,7 @@ def probe_reward(completions, **kwargs) -> list[float]:
             "global_step": getattr(state, "global_step", None),
             "ids": kwargs.get("id"),
             "num_images": [len(images or []) for images in kwargs.get("images", [None] * len(texts))],
+            "num_videos": [len(videos or []) for videos in kwargs.get("videos", [None] * len(texts))],
             "policy": _describe_model(getattr(trainer, "model_wrapped", None)),
             "ref": _describe_model(getattr(trainer, "ref_model", None)),
         }

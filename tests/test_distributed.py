@@ -260,3 +260,40 @@ def test_zero3_text_only_rank_and_image_rank(tiny_model, tmp_path, deepspeed_cpu
     images = {rank: sorted({n for r in records for n in r["num_images"]}) for rank, records in probe.items()}
     assert images == {0: [0], 1: [1]}, f"images per row on each rank: {images}\n" + run.tail()
     check_run(run, out, probe, model, zero_stage=3)
+
+
+# ------------------------------------------------------------- 6. ZeRO-3: ranks whose prompts hold different media
+@pytest.mark.parametrize(
+    "layout, freeze_vision, media",
+    [
+        (["text", "video"], False, {0: ([0], [0]), 1: ([0], [1])}),
+        (["image", "image+video"], False, {0: ([1], [0]), 1: ([1], [1])}),
+        (["image", "image+video"], True, {0: ([1], [0]), 1: ([1], [1])}),
+    ],
+    ids=["text-rank-video-rank", "image-rank-image-and-video-rank", "image-rank-image-and-video-rank-frozen"],
+)
+def test_zero3_ranks_with_different_media(
+    tiny_model, tmp_path, deepspeed_cpu_ops, layout, freeze_vision, media
+):
+    """Under ZeRO-3 every rank must run the vision tower as many times per forward. A prompt's images and its videos
+    are two vision-tower calls (the model's `get_image_features` and `get_video_features`), so a rank holding a
+    video beside a rank holding only text, or a rank holding images and a video beside a rank holding only images,
+    desyncs the gathers unless each log-prob forward runs the same kinds of media on every rank (a dummy row of
+    the kinds a rank lacks; see `vlm_grpo.vision_dummy`). Frozen vision computes every feature once per generation
+    batch with the whole model gathered. Rows alternate as `layout` says, so rank 0 holds only the first kind.
+    """
+    model = tiny_model(DEFAULT_FAMILY)
+    run, out, probe = train(
+        tmp_path,
+        model,
+        accelerate_cmd,
+        layout=layout * 2,
+        env_extra={"PYTHONFAULTHANDLER": "1"},
+        freeze_vision_modules=freeze_vision,
+    )
+    held = {
+        rank: tuple(sorted({n for r in records for n in r[key]}) for key in ("num_images", "num_videos"))
+        for rank, records in probe.items()
+    }
+    assert held == media, f"(images, videos) per row on each rank: {held}\n" + run.tail()
+    check_run(run, out, probe, model, zero_stage=3)

@@ -1,6 +1,12 @@
-"""The ZeRO-3 dummy image row: the vision tower runs (forward and backward) while real rows are unchanged."""
+"""The ZeRO-3 dummy media row: the vision tower runs (forward and backward) while real rows are unchanged.
+
+The trainer asks the other processes which kinds of media their micro-batches hold (`vision_dummy.media_needed`, an
+all-reduce); here a real one-process gloo group answers. Processes holding different kinds run in
+`tests/test_distributed.py`."""
 
 from __future__ import annotations
+
+import socket
 
 import pytest
 import torch
@@ -10,8 +16,21 @@ from test_shared_prefix import logps_and_grads, make_trainer, rollout_batch
 from vlm_grpo.testing import DEFAULT_FAMILY
 
 
+@pytest.fixture
+def one_process_group():
+    """A real one-process gloo process group, destroyed afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
 @pytest.mark.parametrize("share", [False, True])
-def test_text_only_chunk_runs_vision_tower_without_changing_results(share, tiny_model, tmp_path):
+def test_text_only_chunk_runs_vision_tower_without_changing_results(
+    share, tiny_model, tmp_path, one_process_group
+):
     trainer = make_trainer(tiny_model(DEFAULT_FAMILY), tmp_path)
     batch = rollout_batch(trainer, [color_rows(3, text_only_every=1)[i] for i in (0, 2)])  # text-only rows
     calls = {"vision": 0}

@@ -77,7 +77,7 @@ from .tool_rollout import (
     tool_metrics,
 )
 from .trl_options import check_tool_template, refuse_trainer_arguments
-from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_image_prompt
+from .vision_dummy import add_dummy_row, drop_dummy_row, dummy_media_prompt, media_needed
 from .vllm_correction import importance_sampling_ratio, local_statistics, sampling_metrics
 from .vllm_cpu import keep_linear_weights_plain
 from .vllm_payload import (
@@ -218,7 +218,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._signal_watch = SignalWatch(
             self.args.no_signal_warning_steps, self.args.no_signal_warning_every, samples
         )
-        self._vision_dummy: EncodedPrompt | None = None
+        self._vision_dummies: dict[frozenset[str], EncodedPrompt] = {}  # by the kinds of media they hold
         # during the tool loop of a batch whose generation shares: its distinct prompts and their images
         self._turn_prompts: list[tuple[EncodedPrompt, list]] | None = None
         zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
@@ -1009,17 +1009,26 @@ class VLMGRPOTrainer(GRPOTrainer):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Log-probs `[b, C]` (entropies, aux loss) of one chunk: shared prefix, or full rows scored by TRL's head.
 
-        Under multi-process ZeRO-3 a chunk without images gets a dummy image row (see `vision_dummy`), unless
-        vision is frozen: then no log-prob pass runs the vision tower on any process.
+        Under multi-process ZeRO-3 a chunk that lacks a kind of media (image, video) another process's chunk holds
+        gets a dummy row of the kinds it lacks (see `vision_dummy`), unless vision is frozen: then no log-prob pass
+        runs the vision tower on any process.
         """
-        dummy = self._zero3_multi_process and self._image_features is None and not any(image_inputs)
+        lacking = frozenset()
+        if self._zero3_multi_process and self._image_features is None:
+            lacking = media_needed(self.family, image_inputs, self.accelerator.device)
+        dummy = bool(lacking)
         if dummy:
-            if self._vision_dummy is None:
-                self._vision_dummy = dummy_image_prompt(
-                    self.family, self.processing_class, self.accelerator.device
+            if lacking not in self._vision_dummies:
+                self._vision_dummies[lacking] = dummy_media_prompt(
+                    self.family, self.processing_class, self.accelerator.device, lacking
                 )
             ids, mask, image_inputs = add_dummy_row(
-                ids, mask, logits_to_keep, image_inputs, self._vision_dummy, self._tokenizer.pad_token_id
+                ids,
+                mask,
+                logits_to_keep,
+                image_inputs,
+                self._vision_dummies[lacking],
+                self._tokenizer.pad_token_id,
             )
         aux = None
         with self.accelerator.autocast(), self._reusing_image_features(model, image_inputs):

@@ -1,11 +1,14 @@
-"""Keep ZeRO-3 processes in step when one holds only text-only prompts and another holds images.
+"""Keep ZeRO-3 processes in step when their micro-batches hold different kinds of media.
 
 Under ZeRO-3 every process gathers each module's parameter shards collectively, in the order the modules run. A
 process whose micro-batch has no image never runs the vision tower, while another one does: their gathers stop
-matching and the job aborts or hangs. The fix is to make every forward run the vision tower: a micro-batch without
-images gets one extra row, a tiny blank image prompt whose first completion token is scored, and whose log-prob is
-added to the real ones multiplied by zero. The vision tower then runs in the forward and, with zero gradients, in
-the backward on every process; the real rows' values and gradients are unchanged.
+matching and the job aborts or hangs. Images and videos are two runs of the vision tower (the model's
+`get_image_features` and `get_video_features`), so a micro-batch with both beside one with images only desyncs too.
+The fix is to make every forward run the vision tower on the same kinds of media on every process: the processes
+share which kinds their micro-batches hold (`media_needed`), and one that lacks a kind gets one extra row, a tiny
+blank prompt of the kinds it lacks (`dummy_media_prompt`), whose first completion token is scored, and whose log-prob
+is added to the real ones multiplied by zero. The vision tower then runs the same calls in the forward and, with
+zero gradients, in the backward on every process; the real rows' values and gradients are unchanged.
 """
 
 from __future__ import annotations
@@ -18,11 +21,52 @@ from transformers import ProcessorMixin
 
 from .models import EncodedPrompt, ModelFamily
 
+MEDIA_KINDS = ("image", "video")
 
-def dummy_image_prompt(family: ModelFamily, processor: ProcessorMixin, device: torch.device) -> EncodedPrompt:
-    """A one-image prompt (a 56x56 black image, no text) encoded by the family's module, tensors on `device`."""
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": ""}]}]
-    item = family.encode_prompt(processor, messages, [Image.new("RGB", (56, 56))])
+
+def media_kinds(family: ModelFamily, image_inputs: Sequence[dict]) -> tuple[bool, bool]:
+    """Whether any of a micro-batch's rows holds an image, and whether any holds a video.
+
+    Args:
+        family (`ModelFamily`): the model's family (its `image_input_keys` and `video_input_keys`).
+        image_inputs (`Sequence[dict]`): the per-sample image and video tensors.
+    """
+    has_image = any(family.image_input_keys[0] in row for row in image_inputs)
+    has_video = bool(family.video_input_keys) and any(
+        family.video_input_keys[0] in row for row in image_inputs
+    )
+    return has_image, has_video
+
+
+def media_needed(family: ModelFamily, image_inputs: Sequence[dict], device: torch.device) -> frozenset[str]:
+    """The kinds of media this process's micro-batch lacks and must add as a dummy row: those that any process's
+    micro-batch holds (an image when none holds any, so that every forward runs the vision tower, as it always did).
+
+    A collective: every process calls it once per micro-batch, in the same order.
+
+    Args:
+        family (`ModelFamily`): the model's family.
+        image_inputs (`Sequence[dict]`): this process's per-sample image and video tensors.
+        device (`torch.device`): the device of the collective's tensor.
+    """
+    held = torch.tensor(media_kinds(family, image_inputs), dtype=torch.int64, device=device)  # [2]
+    anywhere = held.clone()
+    torch.distributed.all_reduce(anywhere, op=torch.distributed.ReduceOp.MAX)
+    if not anywhere.any():
+        anywhere[0] = 1
+    return frozenset(kind for kind, h, a in zip(MEDIA_KINDS, held.tolist(), anywhere.tolist()) if a and not h)
+
+
+def dummy_media_prompt(
+    family: ModelFamily, processor: ProcessorMixin, device: torch.device, kinds: frozenset[str]
+) -> EncodedPrompt:
+    """A prompt of no text and the media `kinds` (a 56x56 black image; a video of two such frames), encoded by the
+    family's module, tensors on `device`."""
+    blank = Image.new("RGB", (56, 56))
+    content = [{"type": kind} for kind in MEDIA_KINDS if kind in kinds] + [{"type": "text", "text": ""}]
+    videos = [{"path": None, "frames": [blank, blank]}] if "video" in kinds else None
+    images = [blank] if "image" in kinds else []
+    item = family.encode_prompt(processor, [{"role": "user", "content": content}], images, None, videos)
     item.image_inputs = {k: v.to(device) for k, v in item.image_inputs.items()}
     return item
 
@@ -35,14 +79,14 @@ def add_dummy_row(
     dummy: EncodedPrompt,
     pad_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
-    """Append the dummy image row to a micro-batch (prompts widened on the left if the dummy's is longer).
+    """Append the dummy media row to a micro-batch (prompts widened on the left if the dummy's is longer).
 
     Args:
         input_ids (`torch.Tensor`): `[b, P+C]` left-padded prompts followed by completions.
         attention_mask (`torch.Tensor`): `[b, P+C]`.
         logits_to_keep (`int`): C.
         image_inputs (`Sequence[dict]`): the b per-sample image dicts.
-        dummy (`EncodedPrompt`): from `dummy_image_prompt`.
+        dummy (`EncodedPrompt`): from `dummy_media_prompt`.
         pad_id (`int`): the tokenizer's pad id.
 
     Returns:
