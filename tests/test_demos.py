@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from vlm_grpo.checkpoints import is_complete
 from vlm_grpo.commands.demo import TASKS, main, summary, task_function
-from vlm_grpo.demos import brand, colour, grounding, segments, zoom
+from vlm_grpo.demos import brand, colour, grounding, motion, segments, zoom
 from vlm_grpo.preemption import EXIT_PREEMPTED
 from vlm_grpo.rewards import build_rewards
 
@@ -152,8 +152,8 @@ def record_call(out: str, **kwargs) -> dict:
 
 
 def test_demo_command_picks_the_task(tmp_path, capsys, monkeypatch):
-    assert set(TASKS) == {"colour", "grounding", "brand", "math", "zoom"}
-    modules = {"colour": colour, "grounding": grounding, "brand": brand, "math": segments}
+    assert set(TASKS) == {"colour", "grounding", "brand", "math", "zoom", "motion"}
+    modules = {"colour": colour, "grounding": grounding, "brand": brand, "math": segments, "motion": motion}
     for name, module in modules.items():  # the command's table, read before the tasks are imported
         assert TASKS[name][1] == module.TASK.output_dir and task_function(name).__module__ == module.__name__
     assert TASKS["zoom"][1] == "runs/demo-zoom" and task_function("zoom").__module__ == zoom.__name__
@@ -216,7 +216,10 @@ def _documented_rows() -> dict[str, tuple[float, ...]]:
 def test_docs_give_the_scores_the_demos_print_beside_their_own():
     """docs/demos.md's seeds 0, 1, 2 after GRPO are the figures each task prints as documented (and checks against
     its target), so that a fresh clone's run says when it lands elsewhere."""
-    tasks = {"colour": colour.TASK, "grounding": grounding.TASK, "brand": brand.TASK, "math": segments.TASK}
+    tasks = {
+        "colour": colour.TASK, "grounding": grounding.TASK, "brand": brand.TASK, "math": segments.TASK,
+        "motion": motion.TASK,
+    }  # fmt: skip
     rows = _documented_rows()
     assert rows.pop("zoom") == zoom.DOCUMENTED and len(zoom.DOCUMENTED) == 3
     assert rows == {name: task.documented for name, task in tasks.items()}

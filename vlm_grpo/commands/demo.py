@@ -6,6 +6,7 @@
     vlm-grpo demo --task math                       total of two segment lengths in \\boxed{}, geo3k (runs/demo-math)
     vlm-grpo demo --task zoom                       pattern of a mark only a zoom tool shows, multi-turn (runs/demo-zoom)
     vlm-grpo demo --task zoom --no-tool             the same model and budget, answering without the tool
+    vlm-grpo demo --task motion                     how a shape moves in a video clip, 5 options (runs/demo-motion)
 
 Each task builds its tiny Qwen2-VL (the zoom task a tiny Qwen3-VL, whose template calls tools) and its synthetic data offline (`vlm_grpo/demos/`), evaluates on held-out
 images, and prints the scores at the start, after the supervised warm start (tasks whose answer format a random
@@ -32,6 +33,7 @@ TASKS: dict[str, tuple[str, str]] = {
     "brand": ("vlm_grpo.demos.brand:run_brand", "runs/demo-brand"),
     "math": ("vlm_grpo.demos.segments:run_segments", "runs/demo-math"),
     "zoom": ("vlm_grpo.demos.zoom:run_zoom", "runs/demo-zoom"),
+    "motion": ("vlm_grpo.demos.motion:run_motion", "runs/demo-motion"),
 }
 """Demo tasks by name: the function that runs one (`module:function`, `vlm_grpo.demos.common.run_task` on the
 task's `DemoTask`; imported once the arguments are checked, since torch, transformers and TRL come with it) and its
