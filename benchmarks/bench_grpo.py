@@ -49,7 +49,11 @@ allocator. Shapes:
   short_prompt: one 56x56 image (4 visual tokens) + a question, G=4, 64 completion tokens, likewise;
   recipe:       what users run: LoRA on the language model (the same adapter for both trainers; vision frozen),
                 gradient checkpointing, beta 0.04 (a reference pass), one 448x448 image, G=8, 128 tokens;
-  recipe_two_images: the same with two 448x448 images per prompt.
+  recipe_two_images: the same with two 448x448 images per prompt;
+  recipe_video: the same with one video of 8 448x448 frames per prompt (a list of frame files, 4 temporal patches
+                of 2 frames: 1,024 visual tokens). Stock TRL takes no video: the baseline is vlm_grpo computing
+                full rows (`share_prompt_prefix: false`, "ours_full"), each of the G rows its own prompt and video;
+                `--generation vllm` skips this shape (the trainer sends no video to vLLM).
 (448: the small scale's side; `--scale large` makes it 896, `--image_side` any side. With `--model`, the model's
 processor may resize the images: the prompt/sample column gives the tokens a prompt took.)
 Columns: tok/step and prompt/sample come from each trainer's logged `num_tokens`, completion lengths from its
@@ -58,7 +62,8 @@ entering the vision tower (a forward hook), which shows how often each trainer e
 the median time per step inside the model's `generate` (wrapped in both trainers): stock TRL's holds the vision
 tower, the prefill of every row and the decoding; vlm_grpo's (sharing a prefix) only the decoding, its vision and
 prefill run before. Both decode the same number of tokens with the same `generate`.
-The last lines are `ratio SHAPE: X` (ours / stock median step time), one per shape.
+The last lines are `ratio SHAPE: X` (ours / stock median step time; ours / ours_full for the video shape), one per
+shape.
 """
 
 from __future__ import annotations
@@ -119,13 +124,21 @@ LONG_QUESTION = (
     "Describe the image . What color is the square and where is it : top left , top right , bottom left or bottom "
     "right ? Give one short answer ."
 )
-SHAPES = {  # G, completion tokens, image side (None: the scale's long side), images per prompt, question, recipe
-    "long": dict(name="long_prompt", G=8, length=32, side=None, images=1, question=LONG_QUESTION, recipe=False),
-    "short": dict(name="short_prompt", G=4, length=64, side=56, images=1, question="What color is the square ?",
-                  recipe=False),
-    "recipe": dict(name="recipe", G=8, length=128, side=None, images=1, question=LONG_QUESTION, recipe=True),
-    "two_images": dict(name="recipe_two_images", G=8, length=128, side=None, images=2, question=LONG_QUESTION,
-                       recipe=True),
+VIDEO_QUESTION = (
+    "Describe the video . Where does the square move : left , right , up or down ? Give one short answer ."
+)
+SHAPES = {  # G, completion tokens, image side (None: the scale's long side), images per prompt, video frames per
+    # prompt (0: no video), question, recipe
+    "long": dict(name="long_prompt", G=8, length=32, side=None, images=1, frames=0, question=LONG_QUESTION,
+                 recipe=False),
+    "short": dict(name="short_prompt", G=4, length=64, side=56, images=1, frames=0,
+                  question="What color is the square ?", recipe=False),
+    "recipe": dict(name="recipe", G=8, length=128, side=None, images=1, frames=0, question=LONG_QUESTION,
+                   recipe=True),
+    "two_images": dict(name="recipe_two_images", G=8, length=128, side=None, images=2, frames=0,
+                       question=LONG_QUESTION, recipe=True),
+    "video": dict(name="recipe_video", G=8, length=128, side=None, images=0, frames=8, question=VIDEO_QUESTION,
+                  recipe=True),
 }  # fmt: skip
 # The recipe shapes run what users run: LoRA on the language model (vision frozen), gradient checkpointing, a
 # reference model (beta 0.04), G=8 and 128-token completions.
@@ -312,16 +325,25 @@ def random_model(folder: str, dtype: torch.dtype, device: str, seed: int):
     return model
 
 
-def build_dataset(shape: dict, side: int, n: int = 16, seed: int = 0) -> Dataset:
-    """`n` rows: a conversational prompt with `shape["images"]` image placeholders and as many noise images."""
+def build_dataset(shape: dict, side: int, folder: Path, n: int = 16, seed: int = 0) -> Dataset:
+    """`n` rows: a conversational prompt with `shape["images"]` image placeholders and as many noise images, or with
+    one video of `shape["frames"]` noise frames (PNG files written to `folder`, a list of frame files per row)."""
     rng = np.random.default_rng(seed)
-    k = shape["images"]
+    k, frames = shape["images"], shape["frames"]
     noise = [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(n * k)]
-    content = [{"type": "image"} for _ in range(k)] + [{"type": "text", "text": shape["question"]}]
-    prompt = [{"role": "user", "content": content}]
-    return Dataset.from_dict(
-        {"prompt": [prompt] * n, "images": [noise[i * k : (i + 1) * k] for i in range(n)]}
-    )
+    kinds = [{"type": "video"}] if frames else [{"type": "image"} for _ in range(k)]
+    prompt = [{"role": "user", "content": [*kinds, {"type": "text", "text": shape["question"]}]}]
+    columns = {"prompt": [prompt] * n, "images": [noise[i * k : (i + 1) * k] for i in range(n)]}
+    if frames:
+        folder.mkdir(parents=True, exist_ok=True)
+        videos = []
+        for i in range(n):
+            files = [str(folder / f"{i:02d}_{t}.png") for t in range(frames)]
+            for file in files:
+                Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(file)
+            videos.append([files])
+        columns["videos"] = videos
+    return Dataset.from_dict(columns)
 
 
 def language_lora(model_dir: str) -> LoraConfig:
@@ -357,7 +379,7 @@ def generation_settings(kind: str, opts, length: int, model_dir: str) -> dict:
 
 
 def make_trainer(kind: str, model, dataset: Dataset, common: dict, opts, lora: LoraConfig | None):
-    """The trainer `kind` ("stock", "ours", "ours_tf") of `model`: a model folder or a model in memory."""
+    """The trainer `kind` ("stock", "ours", "ours_tf", "ours_full") of `model`: a model folder or a model in memory."""
     if kind == "stock":
         return GRPOTrainer(model=model, reward_funcs=length_reward, args=GRPOConfig(**common),
                            train_dataset=dataset, peft_config=copy.deepcopy(lora))  # fmt: skip
@@ -365,6 +387,8 @@ def make_trainer(kind: str, model, dataset: Dataset, common: dict, opts, lora: L
     extra = {"log_samples_steps": 0} if "log_samples_steps" in fields else {}  # no sample files, like stock
     if opts.share != "default" and "share_prompt_prefix" in fields:
         extra["share_prompt_prefix"] = opts.share
+    if kind == "ours_full":  # every row computes its own prompt: what a full-row computation costs
+        extra["share_prompt_prefix"] = "false"
     args = VLMGRPOConfig(**common, **extra)
     return VLMGRPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset,
                           peft_config=copy.deepcopy(lora))  # fmt: skip
@@ -431,7 +455,8 @@ def build_trainer(name: str, key: str, opts, dims: dict, model_dir: str, lora: L
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(sock.getsockname()[1]))
-    trainer = make_trainer(name, model, build_dataset(spec, side, seed=opts.seed), common, opts, lora)
+    dataset = build_dataset(spec, side, Path(work) / f"frames_{spec['name']}", seed=opts.seed)
+    trainer = make_trainer(name, model, dataset, common, opts, lora)
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
     trainer.add_callback(recorder)
@@ -475,18 +500,22 @@ def run_shape(key: str, opts, dims: dict, cuda: bool, work: Path, model: tuple[s
         model_dir, desc = Path(model[0]), model[1]
     lora = language_lora(str(model_dir)) if spec["recipe"] else None
     names = ["stock", "ours", "ours_tf"] if opts.generation == "vllm" else ["stock", "ours"]
+    if spec["frames"]:  # stock TRL takes no video: the baseline is ours computing full rows
+        names = ["ours_full", "ours"]
     records = run_alternating(names, build_trainer, (key, opts, dims, str(model_dir), lora, cuda), cuda)
     setup = (
         "LoRA on the language model, gradient checkpointing, beta 0.04" if spec["recipe"] else "full, beta 0"
     )
     setup += ", stock and ours generate with vLLM (colocate)" if opts.generation == "vllm" else ""
-    print(f"\n== {shape}: G={G}, {length} completion tokens, {spec['images']} x {side}x{side} image, {setup}, "
+    media = f"one {spec['frames']}-frame {side}x{side} video" if spec["frames"] else (
+        f"{spec['images']} x {side}x{side} image")  # fmt: skip
+    print(f"\n== {shape}: G={G}, {length} completion tokens, {media}, {setup}, "
           f"{'bf16' if opts.bf16 else 'fp32'}, model {desc}, share_prompt_prefix={records['ours']['share']}\n"
           f"step order: {' '.join(step_order(records))}")  # fmt: skip
     print(f"{'trainer':<8}{'median s':>10}{'min s':>8}{'max s':>8}{'generate s':>12}{'tok/step':>10}{'tok/s':>9}{'peak MiB':>10}"
           f"{'prompt/sample':>15}{'completion min/mean/max':>26}{'ViT patches/step':>18}")  # fmt: skip
     medians = {name: report(name, records[name], G, length, opts.warmup) for name in names}
-    ratios = {"": medians["ours"][0] / medians["stock"][0]}
+    ratios = {"": medians["ours"][0] / medians[names[0]][0]}
     if opts.generation == "vllm":
         ratios[" generate"] = medians["ours"][1] / medians["stock"][1]
         ratios[" ours/ours_tf"] = medians["ours"][0] / medians["ours_tf"][0]
@@ -555,6 +584,8 @@ def main() -> None:
         parser.error(
             "--random_weights runs with --generation transformers: vLLM loads the weights from the folder"
         )
+    if opts.generation == "vllm" and opts.shape == "video":
+        parser.error("--shape video runs with --generation transformers: the trainer sends no video to vLLM")
     if opts.image_side is not None and opts.image_side < 28:
         parser.error("--image_side must be at least 28")
     cuda, dims = start_run(
@@ -570,6 +601,8 @@ def main() -> None:
             except (ValueError, VLMGRPOError) as error:
                 parser.error(str(error))
         keys = {"both": ("long", "short"), "all": tuple(SHAPES)}.get(opts.shape, (opts.shape,))
+        if opts.generation == "vllm":  # vLLM takes no video from the trainer
+            keys = tuple(key for key in keys if not SHAPES[key]["frames"])
         for key in keys:
             ratios[SHAPES[key]["name"]] = run_shape(key, opts, dims, cuda, Path(work), model)
     print()

@@ -31,7 +31,7 @@ def run(script: Path, *args, timeout: int = 600) -> subprocess.CompletedProcess:
 
 def trainer_rows(out: str) -> dict[str, list[str]]:
     """The table rows of `bench_grpo.py`'s output, by trainer: the columns after the name."""
-    return {m[1]: m[2].split() for m in re.finditer(r"^(stock|ours) +(.*)$", out, re.M)}
+    return {m[1]: m[2].split() for m in re.finditer(r"^(stock|ours_full|ours) +(.*)$", out, re.M)}
 
 
 def tiny_published_config(folder: Path) -> Path:
@@ -71,6 +71,24 @@ def test_benchmark_smoke_alternates_processes_and_prints_ratios():
         assert rows[name][-1] == "128"
     ratio = float(re.search(r"^ratio short_prompt: ([0-9.]+)$", out, re.M)[1])
     assert abs(ratio - float(rows["ours"][0]) / float(rows["stock"][0])) < 0.01
+
+
+def test_benchmark_video_shape_compares_full_rows_with_sharing():
+    """The video shape has no stock TRL row (TRL's GRPO reads no video): ours with full rows is its baseline, ours
+    sharing each group's prompt beside it; both encode the same 8-frame video, 8 x 448 x 448 / 14^2 / 2 = 4096 ViT
+    patches per step, and the ratio is ours over ours with full rows."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--steps", "1", "--warmup", "0", "--shape", "video", "--device", "cpu"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "step order: ours_full ours\n" in out and "one 8-frame 448x448 video" in out
+    rows = trainer_rows(out)
+    assert set(rows) == {"ours_full", "ours"}
+    assert rows["ours_full"][4] == rows["ours"][4] and rows["ours"][-1] == rows["ours_full"][-1] == "4096"
+    ratio = float(re.search(r"^ratio recipe_video: ([0-9.]+)$", out, re.M)[1])
+    assert abs(ratio - float(rows["ours"][0]) / float(rows["ours_full"][0])) < 0.01
 
 
 def test_benchmark_trains_a_given_model_folder(tiny_model):

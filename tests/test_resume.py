@@ -17,6 +17,7 @@ from conftest import write_color_data, write_train_yaml
 from safetensors.torch import load_file
 
 from vlm_grpo.checkpoints import is_complete, latest_checkpoint, mark_complete, resolve_resume
+from vlm_grpo.demos import motion
 from vlm_grpo.testing import DEFAULT_FAMILY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,11 +106,17 @@ def test_resume_setting_resolution(tmp_path):
         resolve_resume(str(tmp_path / "checkpoint-9"), tmp_path)
 
 
-@pytest.mark.parametrize("dynamic_sampling", [False, True], ids=["plain", "dynamic_sampling"])
-def test_resume_inside_a_generation_batch_is_exact(dynamic_sampling, tiny_model, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("dynamic_sampling", "videos"),
+    [(False, False), (True, False), (True, True)],
+    ids=["plain", "dynamic_sampling", "videos_dynamic_sampling"],
+)
+def test_resume_inside_a_generation_batch_is_exact(
+    dynamic_sampling, videos, tiny_model, tmp_path, monkeypatch
+):
     """steps_per_generation 2 with one micro-batch a step: the step-1 checkpoint falls inside a generation batch. It
     holds the buffered rollout, and a run resumed from it ends with the uninterrupted run's weights (TRL samples the
-    batch again there, and ends elsewhere)."""
+    batch again there, and ends elsewhere). With video records (MPEG-4 files), the buffered rollout holds video rows."""
     from vlm_grpo.rollout_buffer import buffer_file
     from vlm_grpo.train import main as train_main
 
@@ -118,7 +125,10 @@ def test_resume_inside_a_generation_batch_is_exact(dynamic_sampling, tiny_model,
         "def length(completions, solution, **kwargs):\n"
         "    return [1.0 if s == 'red' else float(len(c[0]['content'])) for c, s in zip(completions, solution)]\n"
     )
-    data = write_color_data(tmp_path / "data", n=8)
+    if videos:
+        data = motion.write_task(tmp_path / "data", n_train=8, n_eval=0)["train"]
+    else:
+        data = write_color_data(tmp_path / "data", n=8)
     options = dict(
         rewards=["length_reward.length"], max_steps=4, steps_per_generation=2, save_strategy="steps", save_steps=1,
         seed=5, learning_rate=1e-2, dynamic_sampling=dynamic_sampling,
