@@ -325,11 +325,13 @@ def random_model(folder: str, dtype: torch.dtype, device: str, seed: int):
     return model
 
 
-def build_dataset(shape: dict, side: int, folder: Path, n: int = 16, seed: int = 0) -> Dataset:
+def build_dataset(shape: dict, side: int, n: int = 16, seed: int = 0, folder: Path | None = None) -> Dataset:
     """`n` rows: a conversational prompt with `shape["images"]` image placeholders and as many noise images, or with
     one video of `shape["frames"]` noise frames (PNG files written to `folder`, a list of frame files per row)."""
     rng = np.random.default_rng(seed)
-    k, frames = shape["images"], shape["frames"]
+    k, frames = shape["images"], shape.get("frames", 0)
+    if frames and folder is None:
+        raise ValueError("a video shape needs a folder for its frame files")
     noise = [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(n * k)]
     kinds = [{"type": "video"}] if frames else [{"type": "image"} for _ in range(k)]
     prompt = [{"role": "user", "content": [*kinds, {"type": "text", "text": shape["question"]}]}]
@@ -455,7 +457,7 @@ def build_trainer(name: str, key: str, opts, dims: dict, model_dir: str, lora: L
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(sock.getsockname()[1]))
-    dataset = build_dataset(spec, side, Path(work) / f"frames_{spec['name']}", seed=opts.seed)
+    dataset = build_dataset(spec, side, seed=opts.seed, folder=Path(work) / f"frames_{spec['name']}")
     trainer = make_trainer(name, model, dataset, common, opts, lora)
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
