@@ -335,21 +335,29 @@ def test_training_yaml_sets_video_sampling(tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("case", "message"),
+    ("options", "message"),
     [
-        ("use_vllm", "which vLLM generation does not take yet"),
-        ("rollout_func", "which tools, environment_factory"),
+        ({"use_vllm": True, "vllm_mode": "server"}, "which vLLM server mode does not take"),
+        ({"use_vllm": True, "vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size > 1"),
+        (
+            {"use_vllm": True, "video_max_pixels": 56 * 56 * 4},
+            "video_min_pixels and video_max_pixels do not reach",
+        ),
+        ({"rollout_func": lambda prompts, trainer: {}}, "which tools, environment_factory"),
     ],
+    ids=["vllm_server", "vllm_tensor_parallel", "vllm_video_pixels", "rollout_func"],
 )
-def test_what_cannot_take_videos_is_refused_at_construction(case, message, tiny_model, tmp_path):
+def test_what_cannot_take_videos_is_refused_at_construction(options, message, tiny_model, tmp_path):
+    """One line at construction, before any engine is built (vLLM colocate mode takes videos: `test_vllm.py`)."""
     rows = video_rows(tmp_path, 2)
-    args = grpo_args(tmp_path / "run", use_vllm=case == "use_vllm")
-    extra = {"rollout_func": lambda prompts, trainer: {}} if case == "rollout_func" else {}
-    with pytest.raises(VLMGRPOError, match=message):
+    extra = {k: v for k, v in options.items() if k == "rollout_func"}
+    args = grpo_args(tmp_path / "run", **{k: v for k, v in options.items() if k != "rollout_func"})
+    with pytest.raises(VLMGRPOError, match=message) as refused:
         VLMGRPOTrainer(
             model=tiny_model(VIDEO_FAMILIES[0]), reward_funcs=length_reward, args=args,
             train_dataset=Dataset.from_list(rows), **extra,
         )  # fmt: skip
+    assert "\n" not in str(refused.value)
 
 
 # ------------------------------------------------------------------------------------------------------- planner

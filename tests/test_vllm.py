@@ -184,6 +184,24 @@ def test_lora_adapter_reaches_vllm(tmp_path):
     assert result["base_gap"] > 3 * result["after_sync"]
 
 
+VIDEO_SHAPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+"""One family per video timing: Qwen2-VL (none), Qwen2.5-VL (`second_per_grid_ts`), Qwen3-VL (timestamps in text)."""
+
+
+@pytest.mark.parametrize("shape", VIDEO_SHAPES)
+def test_colocated_vllm_samples_video_prompts_as_the_trainer_encodes_them(shape, tmp_path):
+    """Two steps of a batch of video, image and text-only prompts: vLLM gets each row's sampled frames and expands
+    them into the very prompt ids the trainer trains on (the trainer checks it in every step), and scores a video
+    prompt's completion as the trainer does after the weight sync."""
+    result = run_worker(shape, tmp_path, "video")
+    assert result["num_videos"] == [1, 1, 0, 0] and all(n > 1 for n in result["video_tokens"][:2])
+    assert result["prompts"] == [True, True, True, True]
+    steps = [log for log in result["log_history"] if "loss" in log]
+    assert len(steps) == 2 and all(math.isfinite(log["loss"]) and log["grad_norm"] > 0 for log in steps)
+    assert all(log["sampling/sampling_logp_difference/max"] < STEP_TOLERANCE for log in steps)
+    assert result["after_sync"] < SYNC_TOLERANCE and result["before_sync"] > 2 * result["after_sync"]
+
+
 @pytest.mark.distributed
 def test_two_process_colocate(tmp_path):
     """`torchrun` with 2 processes, each with its own vLLM engine: both train, and each one's vLLM is synced."""

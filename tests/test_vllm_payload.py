@@ -3,6 +3,7 @@ refusal, before anything loads, of a model whose head dims vLLM's CPU backend ca
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import FAMILIES, color_rows, square_image
@@ -23,6 +24,7 @@ from vlm_grpo.vllm_payload import (
     VLLM_CPU_HEAD_DIMS,
     build_vllm_payload,
     check_vllm_cpu_attention,
+    check_vllm_prompts,
     vllm_generate_kwargs,
     vllm_history_prompts,
     vllm_prompt_inputs,
@@ -216,3 +218,41 @@ def test_cpu_head_dims_are_the_installed_vllms():
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     assert VLLM_CPU_HEAD_DIMS == tuple(CPUAttentionBackend.get_supported_head_sizes())
+
+
+# ------------------------------------------------------------------------------------------------------------ videos
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_a_video_goes_to_vllm_as_the_frames_the_trainer_samples(family, tiny_model, tmp_path):
+    """One video placeholder per video in the ids; the frames and metadata are what the trainer's processor decodes,
+    marked as sampled; `fps` for vLLM's processor is the sampled rate the trainer gives its own."""
+    from test_video import video_rows
+
+    from vlm_grpo.video import decode_video
+
+    module = get_model_family(tiny_model(family))
+    processor = module.load_processor(tiny_model(family))
+    module.configure_video(processor, fps=2.0)
+    rows = load_rows([*video_rows(tmp_path, 1), color_rows(1)[0] | {"videos": []}])
+    payload = build_vllm_payload(processor, module, rows)
+    _, video_id = module.prompt_video_token(processor)
+    assert [ids.count(video_id) for ids in payload.prompt_ids] == [1, 0]
+    ((frames, metadata),) = payload.videos[0]
+    decoded = decode_video(rows[0]["videos"][0], processor.video_processor, 2.0)
+    assert payload.videos[1] is None and np.array_equal(frames, decoded.frames)
+    assert (
+        metadata["frames_indices"] == list(decoded.metadata.frames_indices)
+        and not metadata["do_sample_frames"]
+    )
+    video_input, image_input = vllm_prompt_inputs(payload)
+    assert video_input["multi_modal_data"] == {"video": (frames, metadata)}
+    assert video_input["mm_processor_kwargs"] == {"fps": decoded.metadata.sampled_fps}
+    assert set(image_input["multi_modal_data"]) == {"image"} and "mm_processor_kwargs" not in image_input
+
+
+def test_a_prompt_vllm_expanded_otherwise_stops_in_one_line():
+    check_vllm_prompts([[1, 2, 3]], [[1, 2, 3]])
+    with pytest.raises(
+        VLMGRPOError, match="vLLM expanded row 1's prompt into 2 tokens where the trainer"
+    ) as error:
+        check_vllm_prompts([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5, 5]])
+    assert "\n" not in str(error.value)

@@ -1,6 +1,6 @@
 """One family's real vLLM checks, run by `test_vllm.py` in a fresh process: `python vllm_worker.py SHAPE OUT [MODE]`.
 
-MODE is empty, `lora` (train a LoRA adapter), `dist` (run under `torchrun`, each process with its own engine, on the
+MODE is empty, `video` (a batch with video prompts, see `video_main`), `lora` (train a LoRA adapter), `dist` (run under `torchrun`, each process with its own engine, on the
 model the test built in `OUT/model`; each process writes `OUT/result{RANK}.json`) or `server PORT` (TRL's server mode,
 generating through the `trl vllm-serve` the test started on 127.0.0.1:PORT with the model in `OUT/model`; see
 `server_checks`).
@@ -143,7 +143,71 @@ def server_checks(trainer, rows: list[dict], encoded: list, before: dict[str, fl
     return result
 
 
+def video_main(shape: str, out: Path) -> None:
+    """`video` mode: 2 colocate steps on a mixed batch (two video prompts, an image prompt, a text-only prompt), the
+    trainer checking in every step that vLLM expanded each prompt into its own ids (`check_vllm_prompts`); then the
+    expanded prompts of the payload and the log-probs of a video prompt's completion, before and after a sync."""
+    import vllm
+    from conftest import color_rows, grpo_args, length_reward
+    from datasets import Dataset
+    from test_video import video_rows
+    from trl.data_utils import prepare_multimodal_messages
+
+    from vlm_grpo import VLMGRPOTrainer
+    from vlm_grpo.rollout import load_rows
+    from vlm_grpo.shutdown import exit_process, finish_processes
+    from vlm_grpo.testing import build_tiny_model
+    from vlm_grpo.vllm_payload import build_vllm_payload, vllm_prompt_inputs
+
+    path = build_tiny_model(shape, out / "model", hidden_size=256)
+    (out / "media").mkdir(parents=True, exist_ok=True)
+    images = color_rows(2, text_only_every=2)  # one image prompt, one text-only prompt
+    videos = video_rows(out / "media", 3)  # a video file, another, a list of frame files
+    rows = [videos[0], videos[2]] + [r | {"videos": []} for r in images]
+    args = grpo_args(
+        out / "run", max_steps=2, per_device_train_batch_size=4, num_generations=2, max_completion_length=4,
+        use_vllm=True, vllm_mode="colocate", vllm_max_model_length=512, vllm_gpu_memory_utilization=0.2,
+        shuffle_dataset=False,
+    )  # fmt: skip
+    trainer = VLMGRPOTrainer(path, length_reward, args=args, train_dataset=Dataset.from_list(rows))
+    trainer.train()
+    family, processor = trainer.family, trainer.processing_class
+    loaded = load_rows(rows)
+    inputs = vllm_prompt_inputs(build_vllm_payload(processor, family, loaded))
+    encoded = [
+        family.encode_prompt(
+            processor,
+            prepare_multimodal_messages(r["prompt"], images=r["images"]),
+            r["images"],
+            None,
+            r["videos"],
+        )
+        for r in loaded
+    ]
+    llm = trainer.vllm_generation.llm
+    params = vllm.SamplingParams(max_tokens=4, temperature=1.0, logprobs=0, seed=0)
+    outputs = llm.generate(inputs, sampling_params=params, use_tqdm=False)
+    completion = list(outputs[0].outputs[0].token_ids)
+    ours = trainer_logps(trainer, encoded[0], completion, vllm_attends_images_causally())
+    before = vllm_logps(llm, inputs[0], completion)
+    trainer.sync_vllm_weights()
+    result = {
+        "family": family.model_type,
+        "num_videos": [e.num_videos for e in encoded],
+        "video_tokens": [e.input_ids.count(family.prompt_video_token(processor)[1]) for e in encoded],
+        "prompts": [list(o.prompt_token_ids) == e.input_ids for o, e in zip(outputs, encoded, strict=True)],
+        "log_history": trainer.state.log_history,
+        "before_sync": gap(before, ours),
+        "after_sync": gap(vllm_logps(llm, inputs[0], completion), ours),
+    }
+    (out / "result.json").write_text(json.dumps(result))
+    if finish_processes(trainer.release_process_groups):
+        exit_process(0)
+
+
 def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
+    if mode == "video":
+        return video_main(shape, out)
     if mode == "server":  # the engine is the server's; the trainer sends it the weights
         import vllm_server_shim
 

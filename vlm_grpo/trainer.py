@@ -84,6 +84,7 @@ from .vllm_payload import (
     build_vllm_payload,
     check_vllm_architecture,
     check_vllm_cpu_attention,
+    check_vllm_prompts,
     vllm_generate_kwargs,
     vllm_history_prompts,
     warn_vllm_cpu_image_mask,
@@ -174,8 +175,11 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._reasoning_opened = family.completions_open_in_reasoning(
             self.processing_class, self.chat_template_kwargs
         )
+        self._vllm_videos = None  # colocate mode: hands each row's videos to the engine (`ColocatedVideos`)
         if self.use_vllm:
             vllm_generation.name_weights_for_vllm(self.vllm_generation, family)
+            if self.vllm_mode == "colocate":
+                self._vllm_videos = vllm_generation.ColocatedVideos(self.vllm_generation)
         setup.check_dataset_size(train_dataset, args, self.num_generations)
         self._configure_generation()
         self._init_rollout_state()
@@ -611,7 +615,8 @@ class VLMGRPOTrainer(GRPOTrainer):
     def _sample_with_vllm(
         self, rows: list[dict[str, Any]], encoded: list[EncodedPrompt], num_generations: int
     ) -> tuple[list[list[int]], list[list[float]]]:
-        """Sample through TRL's vLLM backend: raw images and prompts with unexpanded image placeholders."""
+        """Sample through TRL's vLLM backend: raw images, sampled video frames (colocate mode) and prompts with
+        unexpanded placeholders."""
         self._sync_vllm_when_stale()
         payload = build_vllm_payload(
             self.processing_class, self.family, rows, encoded, self._template_kwargs(self.tools)
@@ -619,9 +624,13 @@ class VLMGRPOTrainer(GRPOTrainer):
         kwargs = vllm_generate_kwargs(
             payload, num_generations, self.vllm_mode, expanded_prompt_ids=[e.input_ids for e in encoded]
         )
-        _, completion_ids, logprobs, _ = self.vllm_generation.generate(
-            **kwargs, profiler=profiling_context(self, "vLLM.generate")
-        )
+        videos = self._vllm_videos.passing(payload.videos) if self._vllm_videos else nullcontext()
+        with videos:
+            vllm_prompt_ids, completion_ids, logprobs, _ = self.vllm_generation.generate(
+                **kwargs, profiler=profiling_context(self, "vLLM.generate")
+            )
+        if self.vllm_mode == "colocate":
+            check_vllm_prompts(vllm_prompt_ids, [e.input_ids for e in encoded])
         sampling_logps = [[lp[0] for lp in seq] for seq in logprobs]  # the sampled token's log-prob
         return [list(ids) for ids in completion_ids], sampling_logps
 

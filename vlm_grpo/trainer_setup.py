@@ -129,10 +129,21 @@ def check_videos(datasets: Sequence[Any], family: ModelFamily, args: VLMGRPOConf
             f"The dataset holds videos, but {family.model_type} models read no video; remove the video records, or "
             "train a family that reads video (see docs/families.md)."
         )
-    if args.use_vllm:
+    if args.use_vllm and args.vllm_mode == "server":
         raise VLMGRPOError(
-            "The dataset holds videos, which vLLM generation does not take yet; set use_vllm: false (transformers "
-            "samples them)."
+            "The dataset holds videos, which vLLM server mode does not take (TRL's client sends a server images "
+            "only); set vllm_mode: colocate, or use_vllm: false (transformers samples them)."
+        )
+    if args.use_vllm and args.vllm_tensor_parallel_size > 1:
+        raise VLMGRPOError(
+            "The dataset holds videos, which vLLM with vllm_tensor_parallel_size > 1 does not take here; set "
+            "vllm_tensor_parallel_size: 1, or use_vllm: false."
+        )
+    if args.use_vllm and (args.video_min_pixels or args.video_max_pixels):
+        raise VLMGRPOError(
+            "video_min_pixels and video_max_pixels do not reach vLLM, which sizes videos as the model folder's video "
+            "processor says; set its size there (video_preprocessor_config.json) and remove them, or set "
+            "use_vllm: false."
         )
     if rolls_out:
         raise VLMGRPOError(

@@ -1,19 +1,22 @@
 """TRL's vLLM backend (`trainer.vllm_generation`), adapted to vision-language models.
 
-Three changes to what TRL does: the weights TRL syncs are named as the family's vLLM model loads them; after a sync
-vLLM's encoder cache is emptied too, so that images it has seen are encoded by the new vision tower; and
-at the end of a run vLLM's own process groups are destroyed through vLLM. The prompts vLLM receives are built by
+Four changes to what TRL does: the weights TRL syncs are named as the family's vLLM model loads them; after a sync
+vLLM's encoder cache is emptied too, so that images it has seen are encoded by the new vision tower; in colocate
+mode each row's videos reach the engine beside its images (`ColocatedVideos`); and at the end of a run vLLM's own
+process groups are destroyed through vLLM. The prompts vLLM receives are built by
 `vllm_payload`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from .models import ModelFamily
+from .vllm_payload import add_videos
 
 
 def name_weights_for_vllm(vllm_generation: Any, family: ModelFamily) -> None:
@@ -30,6 +33,39 @@ def name_weights_for_vllm(vllm_generation: Any, family: ModelFamily) -> None:
             yield from family.vllm_weights(name, tensor)
 
     vllm_generation._iter_named_params = vllm_weights
+
+
+class ColocatedVideos:
+    """Hands each row's videos to the colocated engine, beside the images TRL's `generate` passes.
+
+    TRL's `VLLMGeneration.generate` builds one `{"prompt_token_ids", "multi_modal_data": {"image": ...}}` per row and
+    passes no video; inside `passing(videos)`, the engine's `generate` receives those prompts with each row's videos
+    added (`vllm_payload.add_videos`). Colocate mode with one process per engine hands the rows in order, one prompt
+    per row (`n=1`), which is what lets the rows and their videos be matched.
+
+    Args:
+        vllm_generation (`Any`): TRL's `VLLMGeneration` of the trainer, in colocate mode.
+    """
+
+    def __init__(self, vllm_generation: Any):
+        self._videos: list | None = None
+        engine_generate = vllm_generation.llm.generate
+
+        def generate(prompts: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._videos is not None:
+                prompts = add_videos(prompts, self._videos)
+            return engine_generate(prompts, *args, **kwargs)
+
+        vllm_generation.llm.generate = generate
+
+    @contextmanager
+    def passing(self, videos: list | None) -> Iterator[None]:
+        """Add `videos` (`VLLMPayload.videos`, one entry per row) to the prompts of the engine's next `generate`."""
+        self._videos = videos
+        try:
+            yield
+        finally:
+            self._videos = None
 
 
 def sync_weights(vllm_generation: Any, vllm_mode: str, is_main_process: bool) -> None:

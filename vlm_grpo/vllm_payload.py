@@ -17,6 +17,11 @@ tokens instead, so it needs the processor-expanded ids. Wiring in `VLMGRPOTraine
         **kwargs, profiler=profiling_context(self, "vLLM.generate"))
     sampling_logps = [[lp[0] for lp in seq] for seq in logprobs]  # sampled-token log-probs
 
+Videos (colocate mode only) go beside the images as the frames the family's video processor samples, with their
+metadata (`ModelFamily.vllm_video`), one video placeholder per video in the ids; `add_videos` puts them in the
+engine's inputs, since TRL's `generate` passes images only (see `vllm_generation.ColocatedVideos`). vLLM's
+expanded prompts are checked against the trainer's (`check_vllm_prompts`).
+
 Training keeps the processor-expanded ids and image tensors; only the completions come from vLLM.
 """
 
@@ -56,11 +61,15 @@ class VLLMPayload:
         prompt_ids (`list[list[int]]`): `texts` tokenized by the tokenizer alone (no special tokens added).
         images (`list[list[PIL.Image.Image] | None] | None`): each row's images, the row's own objects in
             placeholder order; `None` for a text-only row, and `None` altogether when no row has an image.
+        videos (`list[list[tuple] | None] | None`, defaults to None): each row's videos as vLLM takes them
+            (`ModelFamily.vllm_video`: sampled frames and their metadata), in placeholder order; `None` for a row
+            without video, and `None` altogether when no row has one.
     """
 
     texts: list[str]
     prompt_ids: list[list[int]]
     images: list[list[Any] | None] | None
+    videos: list[list[tuple[Any, dict[str, Any]]] | None] | None = None
 
 
 def _image_parts(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -107,11 +116,13 @@ def build_vllm_payload(
     texts: list[str] = []
     prompt_ids: list[list[int]] = []
     images: list[list[Any] | None] = []
+    videos: list[list[tuple[Any, dict[str, Any]]] | None] = []
     for i, row in enumerate(rows):
         if encoded is not None and i > 0 and encoded[i] is encoded[i - 1]:
             texts.append(texts[-1])  # the next copy of the same prompt (groups repeat each prompt G times)
             prompt_ids.append(list(prompt_ids[-1]))
             images.append(images[-1])
+            videos.append(videos[-1])
             continue
         prompt, images_of_row = row["prompt"], list(row["images"])
         if not isinstance(prompt, list):
@@ -141,10 +152,24 @@ def build_vllm_payload(
             raise VLMGRPOError(
                 f"Row {i}: the chat template wrote {n_placeholders} {placeholder} for {len(ordered)} images."
             )
+        row_videos = list(row.get("videos") or [])
+        if row_videos:
+            video_token, video_id = family.prompt_video_token(processor)
+            if ids.count(video_id) != len(row_videos):
+                raise VLMGRPOError(
+                    f"Row {i}: the prompt holds {ids.count(video_id)} {video_token} for {len(row_videos)} "
+                    f"video(s); vLLM expands the placeholders itself and needs one {video_token} per video."
+                )
         texts.append(text)
         prompt_ids.append(ids)
         images.append(ordered or None)
-    return VLLMPayload(texts, prompt_ids, images if any(x is not None for x in images) else None)
+        videos.append([family.vllm_video(processor, video) for video in row_videos] or None)
+    return VLLMPayload(
+        texts,
+        prompt_ids,
+        images if any(x is not None for x in images) else None,
+        videos if any(x is not None for x in videos) else None,
+    )
 
 
 def vllm_generate_kwargs(
@@ -198,7 +223,8 @@ def vllm_history_prompts(
 
 
 def vllm_prompt_inputs(payload: VLLMPayload) -> list[dict[str, Any]]:
-    """The inputs TRL's colocate mode hands to `vllm.LLM.generate`, for calling vLLM directly (tests, eval)."""
+    """The inputs TRL's colocate mode hands to `vllm.LLM.generate` (with the videos `add_videos` adds), for calling
+    vLLM directly (tests, eval)."""
     images = payload.images or [None] * len(payload.prompt_ids)
     inputs = []
     for ids, images_of_row in zip(payload.prompt_ids, images, strict=True):
@@ -208,7 +234,66 @@ def vllm_prompt_inputs(payload: VLLMPayload) -> list[dict[str, Any]]:
                 "image": images_of_row if len(images_of_row) > 1 else images_of_row[0]
             }
         inputs.append(item)
-    return inputs
+    return add_videos(inputs, payload.videos)
+
+
+def add_videos(
+    inputs: Sequence[dict[str, Any]], videos: Sequence[list[tuple[Any, dict[str, Any]]] | None] | None
+) -> list[dict[str, Any]]:
+    """vLLM prompt inputs with each row's videos added to its `multi_modal_data`, and the rate their frames were
+    sampled at passed to vLLM's processor (`mm_processor_kwargs`, as the trainer passes it to its own: Qwen2.5-VL
+    turns it into each temporal patch's duration).
+
+    Args:
+        inputs (`Sequence[dict]`): one `{"prompt_token_ids", "multi_modal_data"?}` per row, as TRL builds them.
+        videos (`Sequence[list | None] | None`): `VLLMPayload.videos`, the same rows in the same order.
+    """
+    from transformers.video_utils import VideoMetadata
+
+    if videos is None:
+        return list(inputs)
+    if len(videos) != len(inputs):
+        raise VLMGRPOError(f"{len(inputs)} vLLM prompts for {len(videos)} rows of videos.")
+    out = []
+    for item, row_videos in zip(inputs, videos, strict=True):
+        if row_videos:
+            rates = [
+                VideoMetadata(**{k: v for k, v in meta.items() if k != "do_sample_frames"}).sampled_fps
+                for _, meta in row_videos
+            ]
+            data = {
+                **item.get("multi_modal_data", {}),
+                "video": row_videos if len(row_videos) > 1 else row_videos[0],
+            }
+            fps = rates[0] if len(set(rates)) == 1 else rates
+            item = {**item, "multi_modal_data": data, "mm_processor_kwargs": {"fps": fps}}
+        out.append(item)
+    return out
+
+
+def check_vllm_prompts(
+    vllm_prompt_ids: Sequence[Sequence[int]], trainer_prompt_ids: Sequence[Sequence[int]]
+) -> None:
+    """Check that vLLM expanded each row's prompt into the ids the trainer trains on (colocate mode).
+
+    vLLM's own processor expands the image and video placeholders; where its settings differ from the trainer's
+    processor (image or video sizes, frame rate), the completions would be sampled for another prompt than the one
+    they are trained on.
+
+    Args:
+        vllm_prompt_ids (`Sequence[Sequence[int]]`): the prompt ids vLLM returned, one per row.
+        trainer_prompt_ids (`Sequence[Sequence[int]]`): the trainer's processor-expanded prompt ids of the same rows.
+
+    Raises:
+        `VLMGRPOError`: a row's ids differ.
+    """
+    for row, (theirs, ours) in enumerate(zip(vllm_prompt_ids, trainer_prompt_ids, strict=True)):
+        if list(theirs) != list(ours):
+            raise VLMGRPOError(
+                f"vLLM expanded row {row}'s prompt into {len(theirs)} tokens where the trainer's processor wrote "
+                f"{len(ours)} (or other ids): give the model folder's processor the image and video settings the "
+                "training uses, or set use_vllm: false."
+            )
 
 
 def check_vllm_architecture(family: ModelFamily) -> None:

@@ -236,6 +236,32 @@ class ModelFamily:
         token = getattr(processor, self.prompt_image_token_attr)
         return token, int(processor.tokenizer.convert_tokens_to_ids(token))
 
+    def prompt_video_token(self, processor: ProcessorMixin) -> tuple[str, int]:
+        """`(token, id)` the chat template writes once per video (Qwen `<|video_pad|>`), which vLLM expands itself."""
+        token = processor.video_token
+        return token, int(processor.tokenizer.convert_tokens_to_ids(token))
+
+    def vllm_video(self, processor: ProcessorMixin, video: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """One video as vLLM takes it in `multi_modal_data`: the frames the family's video processor samples (as
+        `encode_prompt` decodes them) and their metadata, marked as already sampled so that vLLM samples no further.
+
+        Args:
+            processor (`ProcessorMixin`): the family's processor, its video processor configured.
+            video (`dict`): the video as the dataset stores it (`{"path", "frames"}`).
+        """
+        decoded = decode_video(video, processor.video_processor, processor.video_processor.fps)
+        metadata = {
+            "total_num_frames": decoded.metadata.total_num_frames,
+            "fps": decoded.metadata.fps,
+            "width": decoded.metadata.width,
+            "height": decoded.metadata.height,
+            "duration": decoded.metadata.duration,
+            "video_backend": decoded.metadata.video_backend,
+            "frames_indices": list(decoded.metadata.frames_indices),
+            "do_sample_frames": False,
+        }
+        return decoded.frames, metadata
+
     def vllm_history_ids(self, processor: ProcessorMixin, ids: Sequence[int]) -> list[int]:
         """A row's ids as vLLM takes them with the row's images: one placeholder per image, which vLLM's processor
         expands itself (it would expand an already expanded one again). The trainer's rows hold them expanded, as the
