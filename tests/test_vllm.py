@@ -184,8 +184,9 @@ def test_lora_adapter_reaches_vllm(tmp_path):
     assert result["base_gap"] > 3 * result["after_sync"]
 
 
-VIDEO_SHAPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-"""One family per video timing: Qwen2-VL (none), Qwen2.5-VL (`second_per_grid_ts`), Qwen3-VL (timestamps in text)."""
+VIDEO_SHAPES = ("qwen2_5_vl", "qwen3_vl")
+"""One family per video timing: Qwen2.5-VL (`second_per_grid_ts`, on Qwen2-VL's video path), Qwen3-VL (timestamps in
+text). Qwen2-VL passed too on 2026-11-28; it is left out to keep the vLLM suite short."""
 
 
 @pytest.mark.parametrize("shape", VIDEO_SHAPES)
