@@ -18,10 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_video import VIDEO_FAMILIES
 from vllm_worker import vllm_attends_images_causally
 
 from vlm_grpo.models import SUPPORTED_MODEL_TYPES, get_model_family
-from vlm_grpo.testing import TINY_FAMILIES, VLLM_LOGPROB_GAPS, tiny_family
+from vlm_grpo.testing import TINY_FAMILIES, VLLM_LOGPROB_GAPS, families_with, tiny_family
 
 pytestmark = pytest.mark.vllm
 
@@ -184,9 +185,9 @@ def test_lora_adapter_reaches_vllm(tmp_path):
     assert result["base_gap"] > 3 * result["after_sync"]
 
 
-VIDEO_SHAPES = ("qwen2_5_vl", "qwen3_vl")
-"""One family per video timing: Qwen2.5-VL (`second_per_grid_ts`, on Qwen2-VL's video path), Qwen3-VL (timestamps in
-text). Qwen2-VL passed too on 2026-11-28; it is left out to keep the vLLM suite short."""
+VIDEO_SHAPES = tuple(s for s in VIDEO_FAMILIES if s in families_with(indexable_cache=True, moe=False))
+"""The dense video families with a plain KV cache: one per video timing (Qwen2-VL none, Qwen2.5-VL
+`second_per_grid_ts`, Qwen3-VL timestamps in the text)."""
 
 
 @pytest.mark.parametrize("shape", VIDEO_SHAPES)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import FAMILIES, color_rows, square_image
+from test_video import VIDEO_FAMILIES, video_rows
 from transformers import AutoConfig
 from trl.data_utils import prepare_multimodal_messages
 
@@ -221,12 +222,10 @@ def test_cpu_head_dims_are_the_installed_vllms():
 
 
 # ------------------------------------------------------------------------------------------------------------ videos
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
 def test_a_video_goes_to_vllm_as_the_frames_the_trainer_samples(family, tiny_model, tmp_path):
     """One video placeholder per video in the ids; the frames and metadata are what the trainer's processor decodes,
     marked as sampled; `fps` for vLLM's processor is the sampled rate the trainer gives its own."""
-    from test_video import video_rows
-
     from vlm_grpo.video import decode_video
 
     module = get_model_family(tiny_model(family))
