@@ -16,9 +16,9 @@ import av
 import numpy as np
 import pytest
 import torch
-from conftest import color_rows, grpo_args, length_reward
+from conftest import color_rows, grpo_args, length_reward, square_image
 from datasets import Dataset
-from test_shared_prefix import logps_and_grads, rollout_batch
+from test_shared_prefix import G, logps_and_grads, rollout_batch
 from transformers.video_utils import VideoMetadata
 
 from vlm_grpo import VLMGRPOTrainer
@@ -220,9 +220,19 @@ def test_video_tokens_equal_the_processors_own_sampling(family, tiny_model, tmp_
         processor, video_message(), [], None, [{"path": str(file), "frames": []}]
     )
     assert encoded.input_ids == expected["input_ids"][0].tolist() and encoded.num_videos == 1
-    assert set(encoded.image_inputs) == set(model_family.video_input_keys) & set(expected)
-    for key, value in encoded.image_inputs.items():
-        assert torch.equal(value, torch.as_tensor(expected[key])), key
+    assert torch.equal(video_pixels(encoded.image_inputs), expected["pixel_values_videos"])
+    for key in set(encoded.image_inputs) & set(expected):
+        assert torch.equal(encoded.image_inputs[key], torch.as_tensor(expected[key])), key
+    # to the model, the stored inputs are the processor's own video: the same logits as transformers' video path
+    model = model_family.load_model(path, **model_family.model_init_kwargs()).eval()
+    ids = torch.tensor([encoded.input_ids])  # [1, L]
+    mask = torch.ones_like(ids)
+    inputs = model_family.model_inputs(model.config, ids, mask, [encoded.image_inputs])
+    positions = model_family.position_ids(model, ids, mask, [encoded.image_inputs])
+    own = {k: v for k, v in expected.items() if isinstance(v, torch.Tensor)}
+    with torch.no_grad():
+        ours, theirs = model(**inputs, position_ids=positions).logits, model(**own).logits
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0)
     as_path = model_family.encode_prompt(
         processor, video_message(), [], None, [str(file)]
     )  # a dataset built in Python
@@ -244,9 +254,75 @@ def test_video_tokens_equal_the_processors_own_sampling(family, tiny_model, tmp_
         return_tensors="pt",
     )
     assert encoded.input_ids == expected["input_ids"][0].tolist()
-    assert torch.equal(encoded.image_inputs["pixel_values_videos"], expected["pixel_values_videos"])
+    assert torch.equal(video_pixels(encoded.image_inputs), expected["pixel_values_videos"])
     as_list = model_family.encode_prompt(processor, video_message(), [], None, [listed])
-    assert torch.equal(as_list.image_inputs["pixel_values_videos"], expected["pixel_values_videos"])
+    assert torch.equal(video_pixels(as_list.image_inputs), expected["pixel_values_videos"])
+
+
+def video_pixels(image_inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The patches of a prompt holding one video and no image, under whichever key its family stores them."""
+    (pixels,) = (value for key, value in image_inputs.items() if key.startswith("pixel_values"))
+    return pixels
+
+
+@pytest.mark.parametrize("video_first", [True, False], ids=["video_then_image", "image_then_video"])
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+def test_a_prompt_with_an_image_and_a_video_reaches_the_language_model_as_the_processor_says(
+    family, video_first, tiny_model, tmp_path
+):
+    """One prompt holding an image and a video, in either order: the embeddings entering the language model hold the
+    vision tower's image features on the tokens the processor marks as the image's and its video features on the
+    video's (`get_image_features` / `get_video_features` of the processor's own tensors), and the positions are the
+    model's M-RoPE rule over the processor's token types and grids."""
+    path = tiny_model(family)
+    model_family = get_model_family(path)
+    processor = model_family.load_processor(path)
+    model_family.configure_video(processor, fps=2.0)
+    model = model_family.load_model(path, **model_family.model_init_kwargs()).eval()
+    parts = [{"type": "image"}, {"type": "video"}]
+    messages = [
+        {"role": "user", "content": [*parts[:: -1 if video_first else 1], {"type": "text", "text": "Same?"}]}
+    ]
+    image, frames = square_image("red"), clip("up", n=6)
+    names = write_frames(tmp_path / "frames", frames)
+    video = {"path": None, "frames": [str(tmp_path / name) for name in names]}
+    encoded = model_family.encode_prompt(processor, messages, [image], None, [video])
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    metadata = VideoMetadata(total_num_frames=6, fps=2.0, frames_indices=list(range(6)))
+    expected = processor(
+        text=[text], images=[image], videos=[frames], video_metadata=[metadata], do_sample_frames=False, fps=2.0,
+        return_tensors="pt",
+    )  # fmt: skip
+    assert encoded.input_ids == expected["input_ids"][0].tolist()
+
+    entering = {}
+    hook = model.model.language_model.register_forward_pre_hook(
+        lambda module, args, kwargs: entering.update(kwargs), with_kwargs=True
+    )
+    ids = torch.tensor([encoded.input_ids])  # [1, L]
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        model(
+            **model_family.model_inputs(model.config, ids, mask, [encoded.image_inputs]),
+            position_ids=model_family.position_ids(model, ids, mask, [encoded.image_inputs]),
+        )
+        hook.remove()
+        grids = {
+            k: expected[k]
+            for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+            if k in expected
+        }
+        image_features = model.model.get_image_features(expected["pixel_values"], expected["image_grid_thw"])
+        video_features = model.model.get_video_features(
+            expected["pixel_values_videos"], expected["video_grid_thw"]
+        )
+        types = torch.as_tensor(expected["mm_token_type_ids"])  # [1, L]: 1 image, 2 video
+        positions, _ = model.model.get_rope_index(ids, mm_token_type_ids=types, attention_mask=mask, **grids)
+    embeds = entering["inputs_embeds"][0]  # [L, D]
+    assert types.eq(1).any() and types.eq(2).any()
+    assert torch.allclose(embeds[types[0] == 1], torch.cat(image_features.pooler_output), atol=1e-6, rtol=0)
+    assert torch.allclose(embeds[types[0] == 2], torch.cat(video_features.pooler_output), atol=1e-6, rtol=0)
+    assert torch.equal(entering["position_ids"][-3:], positions)
 
 
 # ------------------------------------------------------------------------------------------------------ training
@@ -268,7 +344,7 @@ def test_shared_prefix_logps_match_full_rows_with_videos(family, tiny_model, tmp
         train_dataset=Dataset.from_list(color_rows(4)),
     )  # fmt: skip
     batch = rollout_batch(trainer, rows)
-    assert any("pixel_values_videos" in row for row in batch["image_inputs"])
+    assert all(batch["image_inputs"][: 3 * G])  # the video rows hold their video's inputs
     full_logps, full_ent, full_grads = logps_and_grads(trainer, batch, share=False)
     shared_logps, shared_ent, shared_grads = logps_and_grads(trainer, batch, share=True)
     mask = batch["completion_mask"].bool()
@@ -334,6 +410,23 @@ def test_training_yaml_sets_video_sampling(tiny_model, tmp_path):
         grpo_args(tmp_path, video_fps=0)
 
 
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+def test_video_max_frames_caps_the_frames_sampled_from_a_file(family, tiny_model, tmp_path):
+    """A 10-second file at `video_fps: 2` gives 20 frames, or `video_max_frames` where it is set (each family's video
+    processor caps in its own way; `configure_video` maps the option onto it)."""
+    from vlm_grpo.video import decode_video
+
+    file = write_video(tmp_path / "long.mp4", clip("right", n=10 * FPS))
+    path = tiny_model(family)
+    model_family = get_model_family(path)
+    sampled = {}
+    for max_frames in (None, 6):
+        processor = model_family.load_processor(path)
+        model_family.configure_video(processor, fps=2.0, max_frames=max_frames)
+        sampled[max_frames] = len(decode_video(str(file), processor.video_processor, 2.0).frames)
+    assert sampled == {None: 20, 6: 6}
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -378,7 +471,7 @@ def test_planner_counts_the_video_tokens_the_processor_writes(family, tiny_model
         names = write_frames(folder, np.zeros((frames, height, width, 3), np.uint8))
         listed = [str(tmp_path / name) for name in names]
         encoded = model_family.encode_prompt(processor, video_message(), [], None, [listed])
-        written = encoded.input_ids.count(config.video_token_id)
+        written = sum(encoded.input_ids.count(t) for t in {config.image_token_id, config.video_token_id})
         assert model_family.video_tokens(config, frames, width, height, *bounds) == written > 0
 
 

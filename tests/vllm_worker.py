@@ -194,7 +194,13 @@ def video_main(shape: str, out: Path) -> None:
     result = {
         "family": family.model_type,
         "num_videos": [e.num_videos for e in encoded],
-        "video_tokens": [e.input_ids.count(family.prompt_video_token(processor)[1]) for e in encoded],
+        "video_tokens": [  # a family may write a video's frames with its image token (GLM)
+            sum(
+                e.input_ids.count(t)
+                for t in {family.image_token_id(processor), family.prompt_video_token(processor)[1]}
+            )
+            for e in encoded
+        ],
         "prompts": [list(o.prompt_token_ids) == e.input_ids for o, e in zip(outputs, encoded, strict=True)],
         "log_history": trainer.state.log_history,
         "before_sync": gap(before, ours),
