@@ -124,7 +124,7 @@ def check_videos(datasets: Sequence[Any], family: ModelFamily, args: VLMGRPOConf
     )
     if not has_videos:
         return
-    if not family.video_input_keys:
+    if not family.reads_video:
         raise VLMGRPOError(
             f"The dataset holds videos, but {family.model_type} models read no video; remove the video records, or "
             "train a family that reads video (see docs/families.md)."
@@ -133,6 +133,12 @@ def check_videos(datasets: Sequence[Any], family: ModelFamily, args: VLMGRPOConf
         raise VLMGRPOError(
             "The dataset holds videos, which vLLM server mode does not take (TRL's client sends a server images "
             "only); set vllm_mode: colocate, or use_vllm: false (transformers samples them)."
+        )
+    if args.use_vllm and not family.vllm_expands_videos_alike:
+        raise VLMGRPOError(
+            f"The dataset holds videos, which vLLM expands into other prompt ids than {family.model_type}'s processor "
+            "writes (it fills each frame with the video token, the processor with the image token); set use_vllm: "
+            "false to generate with transformers."
         )
     if args.use_vllm and args.vllm_tensor_parallel_size > 1:
         raise VLMGRPOError(

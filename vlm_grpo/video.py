@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,8 @@ def decode_video(
             `videos` column holds it, or a video file's path, or a list of frame files' paths.
         video_processor (`BaseVideoProcessor`): the family's video processor; its `sample_frames` picks the frames
             of a file (with its `fps`, `min_frames` and `max_frames`).
-        fps (`float`): frames per second of a list of frame files.
+        fps (`float`): frames per second sampled from a file (passed to `sample_frames`, as not every family's
+            defaults to its processor's), and the rate of a list of frame files.
 
     Raises:
         `VLMGRPOError`: the video cannot be decoded; the message names the file.
@@ -74,7 +76,9 @@ def decode_video(
     try:
         if video["path"]:
             frames, metadata = load_video(
-                video["path"], backend="pyav", sample_indices_fn=video_processor.sample_frames
+                video["path"],
+                backend="pyav",
+                sample_indices_fn=partial(video_processor.sample_frames, fps=fps),
             )
             return DecodedVideo(np.asarray(frames), metadata, name)
         images = [np.asarray(load_image(frame)) for frame in video["frames"]]

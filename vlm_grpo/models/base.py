@@ -8,7 +8,8 @@ never be sampled, and which tokens end a completion. A module never owns a promp
 Image tensors are kept **per sample** (`EncodedPrompt.image_inputs`): a dict of tensors whose first dimension indexes
 this sample's images, patches or tiles. Slicing a batch is then list slicing, and mixing image and text-only
 prompts, or several images per prompt, needs no bookkeeping. `collate` concatenates them back for a forward. A
-family that reads video keeps a prompt's video tensors in the same dict, under its `video_input_keys`.
+family that reads video keeps a prompt's video tensors in the same dict, under its `video_input_keys`, or as images
+where its model takes a video as the images of its frames (InternVL, GLM).
 """
 
 from __future__ import annotations
@@ -67,8 +68,12 @@ class ModelFamily:
             of LoRA.
         image_input_keys (`tuple[str, ...]`): processor outputs that are per-image tensors (first dim = images,
             patches or tiles).
+        reads_video (`bool`): whether the family's model reads video; a prompt with a video is refused otherwise.
         video_input_keys (`tuple[str, ...]`): processor outputs that are per-video tensors (first dim = videos or
-            patches); empty for a family whose model reads no video (a prompt with a video is then refused).
+            patches); empty where the processor returns a video as images (`image_input_keys`).
+        vllm_expands_videos_alike (`bool`): whether vLLM expands a video placeholder into the ids the family's
+            processor writes (vLLM writes InternVL's frames with its video token where the processor writes the image
+            token); videos with `use_vllm` are refused otherwise.
         video_feature_keys (`tuple[str, ...]`): the arguments of the inner model's `get_video_features`, in order
             (as `image_input_keys` are those of its `get_image_features`); empty without video.
         placeholder_config_attrs (`tuple[str, ...]`): model-config attributes holding ids of the special tokens
@@ -83,7 +88,9 @@ class ModelFamily:
     model_types: ClassVar[tuple[str, ...]] = ()
     vision_module_names: ClassVar[tuple[str, ...]] = ()
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
+    reads_video: ClassVar[bool] = False
     video_input_keys: ClassVar[tuple[str, ...]] = ()
+    vllm_expands_videos_alike: ClassVar[bool] = True
     video_feature_keys: ClassVar[tuple[str, ...]] = ()
     placeholder_config_attrs: ClassVar[tuple[str, ...]] = ("image_token_id", "video_token_id")
     placeholder_processor_attrs: ClassVar[tuple[str, ...]] = ("image_token", "video_token")
@@ -191,7 +198,7 @@ class ModelFamily:
             min_pixels (`int | None`, defaults to None): the video processor's lower pixel bound (family-specific).
             max_pixels (`int | None`, defaults to None): the video processor's upper pixel bound (family-specific).
         """
-        if not self.video_input_keys:
+        if not self.reads_video:
             return
         video_processor = processor.video_processor
         video_processor.fps = fps
@@ -371,7 +378,7 @@ class ModelFamily:
                 )
         video_kwargs = {}
         if videos:
-            if not self.video_input_keys:
+            if not self.reads_video:
                 raise VLMGRPOError(
                     f"{self.model_type} models read no video, but a prompt holds {len(videos)} "
                     f"(first: {video_name(videos[0])}); remove the videos from the data, or "
@@ -382,7 +389,7 @@ class ModelFamily:
                 [decode_video(v, processor.video_processor, fps) for v in videos]
             )
         encoded = processor(text=[text], images=images or None, return_tensors="pt", **video_kwargs)
-        keys = (self.image_input_keys if images else ()) + (self.video_input_keys if videos else ())
+        keys = self.image_input_keys + self.video_input_keys if images or videos else ()
         image_inputs = {k: torch.as_tensor(encoded[k]) for k in keys if k in encoded}
         return EncodedPrompt(
             input_ids=encoded["input_ids"][0].tolist(),

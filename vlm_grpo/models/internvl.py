@@ -4,6 +4,13 @@ Each image is cut into tiles (`pixel_values` `[N_tiles, C, H, W]`, up to `max_ti
 thumbnail); each tile becomes a fixed number of `<IMG_CONTEXT>` tokens between `<img>` and `</img>`. The tile
 count per image is already encoded in the prompt's tokens, so per-sample tiles concatenate without bookkeeping.
 
+A video is its sampled frames, each resized to one tile (no thumbnail) and written `Frame{i}: <img>...</img>`; the
+processor merges the frames into `pixel_values` in the prompt's order of images and videos, so the model, and every
+pass here, takes them as images. InternVL's video processor samples `fps` frames per second, or a fixed
+`num_frames`; it has no cap on the count, so `video_max_frames` is refused. vLLM writes each frame's tokens with the
+video token where transformers' processor writes the image token, so its prompts would not be the trainer's: videos
+with `use_vllm` are refused.
+
 InternVL3.5 also comes with a mixture-of-experts language model (`InternVL3_5-30B-A3B-HF`: a `qwen3_moe` text
 config). `InternVLModel` drops the router logits its language model returns, so TRL could not add the router
 load-balancing loss; `load_model` passes them through (see `pass_router_logits_through`). As for every MoE model,
@@ -27,6 +34,10 @@ class InternVLFamily(ModelFamily):
     model_types: ClassVar[tuple[str, ...]] = ("internvl",)
     vision_module_names: ClassVar[tuple[str, ...]] = ("vision_tower", "multi_modal_projector")
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
+    reads_video: ClassVar[bool] = True  # as images: see the module docstring
+    vllm_expands_videos_alike: ClassVar[bool] = (
+        False  # vLLM fills each frame with `<video>`, not `<IMG_CONTEXT>`
+    )
     placeholder_config_attrs: ClassVar[tuple[str, ...]] = ("image_token_id",)
     placeholder_processor_attrs: ClassVar[tuple[str, ...]] = (
         "image_token",
@@ -66,6 +77,40 @@ class InternVLFamily(ModelFamily):
         tiles = columns * rows + (1 if columns * rows > 1 else 0)
         per_tile = int((tile // vision.patch_size[0]) ** 2 * model_config.downsample_ratio**2)
         return tiles * per_tile
+
+    def configure_video(
+        self,
+        processor: ProcessorMixin,
+        fps: float,
+        max_frames: int | None = None,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+    ) -> None:
+        """Sample `fps` frames per second from a file (a fixed `num_frames` in the folder's video processor would take
+        precedence, so it is cleared); each frame is resized to the tile size, so neither a frame cap nor pixel bounds
+        apply: they are refused in one line."""
+        if max_frames is not None:
+            raise VLMGRPOError(
+                "InternVL's video processor samples video_fps frames per second and caps no frame count: remove "
+                "video_max_frames (lower video_fps for long clips)."
+            )
+        super().configure_video(processor, fps, None, min_pixels, max_pixels)
+        processor.video_processor.num_frames = None
+
+    def video_tokens(
+        self,
+        model_config: Any,
+        frames: int,
+        width: int,
+        height: int,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+    ) -> int:
+        """One tile per frame, whatever its size: `frames * (image_size / patch_size)^2 * downsample_ratio^2`."""
+        vision = model_config.vision_config
+        return frames * int(
+            (vision.image_size[0] // vision.patch_size[0]) ** 2 * model_config.downsample_ratio**2
+        )
 
     def configure_image_size(
         self,

@@ -32,6 +32,7 @@ class Qwen2VLFamily(ModelFamily):
     model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
     vision_module_names: ClassVar[tuple[str, ...]] = ("visual",)
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
+    reads_video: ClassVar[bool] = True
     video_input_keys: ClassVar[tuple[str, ...]] = (
         "pixel_values_videos",
         "video_grid_thw",
