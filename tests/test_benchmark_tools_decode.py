@@ -1,5 +1,6 @@
-"""`benchmarks/bench_tools.py` (multi-turn rollouts with an image tool, stock TRL against ours) and
-`benchmarks/decode_profile.py` (where a decoding step goes) run end to end on tiny models."""
+"""`benchmarks/bench_tools.py` (multi-turn rollouts with an image tool, stock TRL against ours),
+`benchmarks/decode_profile.py` (where a decoding step goes) and `benchmarks/decode_cache.py` (transformers' static
+cache and compiled decoding) run end to end on tiny models."""
 
 from __future__ import annotations
 
@@ -49,3 +50,18 @@ def test_decode_profile_splits_every_decoding_step():
     assert all(ms > 0 for name, (ms, _) in parts.items() if name != "other (loop, eos, dispatch)")
     assert abs(sum(ms for ms, _ in parts.values()) - float(steps[3])) < 0.05 * float(steps[3])
     assert abs(sum(share for _, share in parts.values()) - 100) < 1
+
+
+def test_decode_cache_times_each_cache_kind_on_the_same_draws():
+    out = run("decode_cache.py", "--smoke", "--repeats", "1", "--tokens", "8", "--device", "cpu")
+    rows = {
+        m[1]: (float(m[2]), float(m[3]), float(m[4]), float(m[5]), m[6])
+        for m in re.finditer(
+            r"^(dynamic|static|compiled) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)x  (.+)$", out, re.M
+        )
+    }
+    assert set(rows) == {"dynamic", "static", "compiled"}
+    assert all(warm > 0 and generate > 0 and ms > 0 for warm, generate, ms, _, _ in rows.values())
+    assert rows["dynamic"][3] == 1.0 and rows["dynamic"][4] == "equal"
+    assert rows["static"][4] == "equal"  # the same draws give the same tokens with the preallocated cache
+    assert rows["compiled"][0] > rows["compiled"][1]  # the warm-up call compiles
