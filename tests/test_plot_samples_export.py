@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import color_dataset, color_rows, grpo_args, length_reward, square_image
@@ -411,3 +412,33 @@ def test_plot_draws_the_tool_calls_of_a_run_with_tools():
         "failures per call": "tools/failure_frequency",
     }
     assert "tool calls" not in {title for _, title, _, _ in curve_panels([{"step": 1, "reward": 0.1}])}
+
+
+def test_samples_page_shows_a_strip_of_each_videos_frames(tmp_path):
+    """A group whose prompt holds videos: a file and a list of frame files each show frames spread over them (the
+    first and the last included, as PyAV decodes them), a missing one a note; the records the trainer writes carry
+    the videos as the dataset stores them."""
+    from test_video import clip, decode_all, write_frames, write_video
+
+    from vlm_grpo.monitoring import sample_records
+    from vlm_grpo.video import preview_frames
+
+    file = write_video(tmp_path / "moves.mp4", clip("right", n=12))
+    frames, _ = decode_all(file)
+    shown = preview_frames(str(file))
+    assert len(shown) == 4 and all(
+        np.array_equal(s, frames[i]) for s, i in zip(shown, (0, 4, 7, 11), strict=True)
+    )
+    listed = write_frames(tmp_path / "frames", clip("up", n=5))
+    assert [f.shape for f in preview_frames([str(tmp_path / name) for name in listed])] == [(56, 56, 3)] * 4
+
+    videos = [str(file), {"path": None, "frames": listed}, str(tmp_path / "gone.mp4")]
+    example = {"prompt": [{"role": "user", "content": "Where does it move?"}], "images": [], "videos": videos}
+    records = sample_records(3, [example] * 2, ["left", "right"], {"accuracy": [0.0, 1.0]}, [-0.7, 0.7], 2)
+    assert records[0]["videos"][1] == {"path": None, "frames": listed}
+    write_samples(samples_path(tmp_path, 3), records)
+    page = render_html(tmp_path).read_text()
+    strips = page.split('<div class="video"')[1:]
+    assert len(strips) == 2 and all(strip.split("</div>")[0].count("<img") == 4 for strip in strips)
+    assert "video: moves.mp4" in page and "video: 000.png" in page and "missing: gone.mp4" in page
+    assert str(tmp_path) not in page  # file names only, no machine paths

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from .video import stored_video
+
 ROLLOUT_PHASES = ("gen", "old_log_prob", "ref", "reward", "adv")
 
 
@@ -129,6 +131,8 @@ def sample_records(
                 "advantages": list(advantages[rows]),
             }
         )
+        if example.get("videos"):
+            records[-1]["videos"] = [stored_video(video) for video in example["videos"]]
         if tool_images is not None:
             records[-1]["tool_images"] = [list(paths) for paths in tool_images[rows]]
     return records

@@ -15,7 +15,8 @@ A rollout that serves several optimizer steps (`num_iterations` > 1, or `steps_p
 
 `images` holds file paths ("" for an image that had no file); a reward is null where it does not apply. A step whose
 tools returned images also has `tool_images`: per completion, the paths (relative to the run's folder) of those
-images, saved under `samples/images/`, in the order of the `[image]` marks in the completion's text.
+images, saved under `samples/images/`, in the order of the `[image]` marks in the completion's text. A group whose
+prompt holds videos also has `videos`, each as the dataset stores it (`{"path": file or null, "frames": [files]}`).
 `vlm_grpo.commands.samples` reads these files back and renders them as an HTML page.
 """
 

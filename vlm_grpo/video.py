@@ -49,6 +49,42 @@ def stored_video(video: str | Sequence[str] | Mapping[str, Any]) -> dict[str, An
     return {"path": None, "frames": list(video)}
 
 
+def preview_frames(video: str | Sequence[str] | Mapping[str, Any], count: int = 4) -> list[np.ndarray]:
+    """Up to `count` frames `[H, W, 3]` spread evenly over a video (its first and last included), for a person to
+    look at: a file's frames decoded with PyAV up to the last one shown, or a list's frame files.
+
+    Args:
+        video (`str | Sequence[str] | Mapping`): the video, as `stored_video` takes it.
+        count (`int`, *optional*, defaults to 4): most frames returned.
+
+    Raises:
+        `OSError` or `ValueError`: the file is missing or unreadable (`av.error.FFmpegError` is an `OSError`).
+    """
+    import av
+
+    video = stored_video(video)
+    if not video["path"]:
+        files = video["frames"]
+        picked = (
+            sorted({round(i * (len(files) - 1) / max(count - 1, 1)) for i in range(count)}) if files else []
+        )
+        return [np.asarray(load_image(files[i])) for i in picked]
+    with av.open(video["path"]) as container:
+        total = container.streams.video[0].frames  # 0 where the file does not say
+        wanted = (
+            {round(i * (total - 1) / max(count - 1, 1)) for i in range(count)} if total else set(range(count))
+        )
+        frames = []
+        for index, frame in enumerate(container.decode(video=0)):
+            if index in wanted:
+                frames.append(frame.to_ndarray(format="rgb24"))
+            if index >= max(wanted):
+                break
+    if not frames:
+        raise ValueError("no frame could be decoded")
+    return frames
+
+
 def video_name(video: str | Sequence[str] | Mapping[str, Any]) -> str:
     """The file a video names: its path, or its first frame's path."""
     video = stored_video(video)

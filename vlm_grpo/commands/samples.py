@@ -8,7 +8,8 @@ vlm-grpo samples runs/demo --oldest_first       the first logged step at the top
 A page lists the logged steps newest first (`--oldest_first` reverses it), numbered as the console and the curves
 number them (the first step is 1). It shows the first `--max_groups` prompt groups of each step (default 8; under a
 step with more, a line says how many of how many are shown), and embeds each image as a PNG, or, when the PNG is
-large, as the smaller of a 256-colour PNG and a JPEG: a page of a few steps stays small enough to keep in git.
+large, as the smaller of a 256-colour PNG and a JPEG: a page of a few steps stays small enough to keep in git. A
+video is shown as a strip of frames spread over it (its first and last included).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ DEFAULT_OUTPUT = "samples.html"
 MAX_GROUPS = 8
 """Prompt groups shown per logged step by default (the first ones of the step's file)."""
 IMAGE_SIDE = 384
+VIDEO_FRAME_SIDE = 160
+"""Long side in pixels of each frame in a video's strip of frames."""
 """Long side of every inline image, in pixels: larger ones are shrunk, small ones enlarged (nearest pixel)."""
 IMAGE_BYTES = 12_000
 """Largest PNG embedded as it is; a larger image is embedded as the smaller of a 256-colour PNG (synthetic
@@ -115,9 +118,7 @@ def image_data_uri(
 
     with Image.open(path) as image:
         scale = side / max(image.size)
-        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-        resample = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS
-        shown = image.convert("RGBA" if "A" in image.getbands() else "RGB").resize(size, resample)
+        shown = _scaled(image.convert("RGBA" if "A" in image.getbands() else "RGB"), side)
     draw = ImageDraw.Draw(shown)
     for box, colour in boxes:
         x1, y1, x2, y2 = (v * scale for v in box)
@@ -198,6 +199,46 @@ def _image_html(path: str, run_dir: Path, cache: dict[str, str], boxes: Sequence
     return cache[path]
 
 
+def _video_html(video: dict[str, Any], run_dir: Path) -> str:
+    """A strip of frames spread over one video (`vlm_grpo.video.preview_frames`), or a visible note when it cannot
+    be read."""
+    from PIL import Image
+
+    from ..video import preview_frames, video_name
+
+    name = html.escape(Path(video_name(video)).name, quote=True)  # the file name only: no machine paths
+    local = {
+        "path": _found(video.get("path"), run_dir) if video.get("path") else None,
+        "frames": [_found(frame, run_dir) for frame in video.get("frames") or []],
+    }
+    if (video.get("path") and local["path"] is None) or None in local["frames"]:
+        return f'<span class="note">missing: {name}</span>'
+    try:
+        frames = preview_frames(local)
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        return f'<span class="note">unreadable: {name} ({html.escape(str(error))})</span>'
+    shown = "".join(
+        f'<img src="{encode_image(_scaled(Image.fromarray(frame), VIDEO_FRAME_SIDE))}" alt="{name}">'
+        for frame in frames
+    )
+    return f'<div class="video" title="{name}">{shown}<span class="note">video: {name}</span></div>'
+
+
+def _found(path: str, run_dir: Path) -> Path | None:
+    """`path` as given, or relative to the run's folder; None where neither is a file."""
+    candidates = [Path(path)] + ([run_dir / path] if not Path(path).is_absolute() else [])
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _scaled(image: Any, side: int) -> Any:
+    """`image` scaled so that its long side is `side` pixels (enlarged pixel by pixel, reduced smoothly)."""
+    from PIL import Image
+
+    scale = side / max(image.size)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    return image.resize(size, Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS)
+
+
 def _swatch(colour: tuple[int, int, int]) -> str:
     """A small square of `colour`: the key from a drawn box to its row."""
     return f'<span class="swatch" style="background: rgb{tuple(colour)}"></span>'
@@ -239,6 +280,8 @@ def _group_html(record: dict[str, Any], run_dir: Path, cache: dict[str, str]) ->
         parts.append(
             "<div>" + "".join(_image_html(str(p or ""), run_dir, cache, boxes) for p in images) + "</div>"
         )
+    for video in record.get("videos") or []:
+        parts.append(_video_html(video, run_dir))
     solution = record.get("solution")
     solution_text = "&ndash;" if solution is None else html.escape(str(solution))
     key = f"{_swatch(SOLUTION_COLOR)}" if solution_box else ""
