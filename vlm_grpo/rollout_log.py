@@ -17,7 +17,7 @@ from .monitoring import length_stats, sample_records
 from .rollout import Sampled, image_names
 from .sample_log import samples_path, write_samples
 
-_SAMPLE_KEYS = ("prompt", "image_paths", "solution", "id")
+_SAMPLE_KEYS = ("prompt", "image_paths", "videos", "solution", "id")
 
 
 def length_metrics(
