@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vlm_grpo.commands.samples import render_html
 from vlm_grpo.data import load_data_config
 from vlm_grpo.demos import motion
 from vlm_grpo.rewards import build_rewards
@@ -91,6 +92,11 @@ def test_motion_demo_trains_on_video_files_end_to_end(tmp_path):
         for line in (out / "model" / "samples" / "step_000001.jsonl").read_text().splitlines()
     ]
     assert records and all(r["solution"] in motion.OPTIONS and len(r["completions"]) == 8 for r in records)
+    # each group keeps its clip, which the samples page draws as a strip of frames
+    assert all(len(r["videos"]) == 1 and r["videos"][0]["path"].endswith(".mp4") for r in records)
+    logged = sum(len(f.read_text().splitlines()) for f in (out / "model" / "samples").glob("step_*.jsonl"))
+    page = render_html(out / "model").read_text()
+    assert page.count('<div class="video"') == logged and "missing:" not in page
     again = tmp_path / "again"
     motion.run_motion(str(again), **small)
     assert json.loads((again / "eval_after.json").read_text())["accuracy"] == result["after"]["accuracy"]
