@@ -184,8 +184,7 @@ def _image_html(path: str, run_dir: Path, cache: dict[str, str], boxes: Sequence
     if boxes:  # drawn for this group only
         cache = {}
     if path not in cache:
-        candidates = [Path(path)] + ([run_dir / path] if not Path(path).is_absolute() else [])
-        found = next((c for c in candidates if c.is_file()), None)
+        found = _found(path, run_dir)
         name = html.escape(
             Path(path).name, quote=True
         )  # the file name only: a page never shows machine paths
