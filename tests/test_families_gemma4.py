@@ -1,5 +1,5 @@
-"""A family that takes images only (Gemma 4): audio and video entries are refused with one line; their tokens are
-never sampled."""
+"""A family that refuses some inputs (Gemma 4): audio entries (and video entries before transformers 5.19) are refused
+with one line; their tokens are never sampled."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_audio_and_video_entries_are_refused(kind, images_only):
     messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": "What is it ?"}]}]
     with pytest.raises(
         VLMGRPOError,
-        match=rf"^{re.escape(FAMILY.title)} {kind} inputs are not supported .*only images and text",
+        match=rf"^{re.escape(FAMILY.title)} {kind} inputs are not supported .*only images(, videos)? and text",
     ) as info:
         family.encode_prompt(processor, messages, None)
     assert "\n" not in str(info.value)
@@ -60,3 +60,15 @@ def test_image_prompt_marks_image_tokens_for_bidirectional_attention(images_only
     inputs = family.model_inputs(config, ids, torch.ones_like(ids), [encoded.image_inputs])
     assert inputs["pixel_values"].shape[:2] == inputs["image_position_ids"].shape[:2]  # [images, patches]
     assert inputs["mm_token_type_ids"].sum() == (ids == config.image_token_id).sum() > 0
+
+
+def test_videos_are_read_with_transformers_5_19_or_later(images_only):
+    """Gemma 4's video frames share one axis from transformers 5.19 on (`tests/test_video.py` trains on them);
+    before, a video is refused in one line naming the version needed and the one installed."""
+    import transformers
+    from packaging.version import Version
+
+    family, _ = images_only
+    assert family.reads_video == (Version(transformers.__version__) >= Version("5.19"))
+    reason = family.no_video_reason()
+    assert f"transformers >= 5.19 ({transformers.__version__} is installed" in reason and "\n" not in reason

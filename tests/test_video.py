@@ -36,15 +36,17 @@ VLLM_VIDEO_REFUSED = tuple(
     name
     for name in VIDEO_FAMILIES
     for cls in FAMILY_CLASSES
-    if name in cls.model_types and not cls.vllm_expands_videos_alike
+    if name in cls.model_types and cls.vllm_video_refusal
 )
-"""Video families whose video prompts vLLM expands into other ids than their processor writes."""
-NO_VIDEO_FAMILY = next(
+"""Video families whose videos vLLM does not take here (e.g. it expands them into other ids than their processor
+writes)."""
+NO_VIDEO_FAMILIES = tuple(
     name
     for name in TINY_FAMILIES
     for cls in FAMILY_CLASSES
     if name in cls.model_types and not cls.reads_video
 )
+NO_VIDEO_FAMILY = NO_VIDEO_FAMILIES[0]
 FPS = 4  # frames per second of the written clips
 MOVES = {"right": (1, 0), "left": (-1, 0), "down": (0, 1), "up": (0, -1)}
 
@@ -303,8 +305,8 @@ def test_a_prompt_with_an_image_and_a_video_reaches_the_language_model_as_the_pr
     mask = torch.ones_like(ids)
     inputs = model_family.model_inputs(model.config, ids, mask, [encoded.image_inputs])
     if (
-        "pixel_values_videos" not in expected
-    ):  # the processor hands the frames over as images: transformers runs it
+        "video_grid_thw" not in expected
+    ):  # frames as images, or no M-RoPE grid: transformers' forward is the reference
         own = {k: v for k, v in expected.items() if isinstance(v, torch.Tensor)}
         with torch.no_grad():
             assert torch.allclose(model(**inputs).logits, model(**own).logits, atol=1e-5, rtol=0)
@@ -379,10 +381,21 @@ def test_shared_prefix_logps_match_full_rows_with_videos(family, tiny_model, tmp
     assert torch.equal(positions[valid], expected[valid])
 
 
-def test_training_on_videos_computes_each_groups_video_once(tiny_model, tmp_path):
+def video_encoder_families() -> list[str]:
+    """One family per distinct set of video-encoder arguments (`video_feature_keys`), the second video family first
+    (Qwen2.5-VL: its videos carry their frame timing, `second_per_grid_ts`)."""
+    chosen: dict[tuple[str, ...], str] = {}
+    for name in (VIDEO_FAMILIES[1], *VIDEO_FAMILIES):
+        keys = next(cls.video_feature_keys for cls in FAMILY_CLASSES if name in cls.model_types)
+        if keys:
+            chosen.setdefault(keys, name)
+    return list(chosen.values())
+
+
+@pytest.mark.parametrize("family", video_encoder_families())
+def test_training_on_videos_computes_each_groups_video_once(family, tiny_model, tmp_path):
     """Two steps on video, image and text-only prompts with frozen vision: the language model trains, the vision
     tower does not, and each group's video goes through it once per generation batch."""
-    family = VIDEO_FAMILIES[1]  # Qwen2.5-VL: its videos carry their frame timing (second_per_grid_ts)
     rows = mixed_rows(tmp_path)[:4]
     trainer = VLMGRPOTrainer(
         model=tiny_model(family), reward_funcs=length_reward,
@@ -400,13 +413,19 @@ def test_training_on_videos_computes_each_groups_video_once(tiny_model, tmp_path
     assert all(np.isfinite(entry["loss"]) for entry in log if "loss" in entry)
 
 
-def test_a_family_without_video_is_refused_at_construction(tiny_model, tmp_path):
+@pytest.mark.parametrize("family", NO_VIDEO_FAMILIES)
+def test_a_family_without_video_is_refused_at_construction(family, tiny_model, tmp_path):
+    """One line saying why the family reads no video here (its model does not, or the installed transformers)."""
     rows = video_rows(tmp_path, 2)
-    with pytest.raises(VLMGRPOError, match=f"holds videos, but {NO_VIDEO_FAMILY} models read no video"):
+    reason = get_model_family(tiny_model(family)).no_video_reason()
+    with pytest.raises(
+        VLMGRPOError, match=f"^The dataset holds videos, but {re.escape(reason)}; remove"
+    ) as error:
         VLMGRPOTrainer(
-            model=tiny_model(NO_VIDEO_FAMILY), reward_funcs=length_reward, args=grpo_args(tmp_path / "run"),
+            model=tiny_model(family), reward_funcs=length_reward, args=grpo_args(tmp_path / "run"),
             train_dataset=Dataset.from_list(rows),
         )  # fmt: skip
+    assert "\n" not in str(error.value)
 
 
 def test_training_yaml_sets_video_sampling(tiny_model, tmp_path):
@@ -471,14 +490,16 @@ def test_what_cannot_take_videos_is_refused_at_construction(options, message, ti
 
 
 @pytest.mark.parametrize("family", VLLM_VIDEO_REFUSED)
-def test_videos_with_vllm_are_refused_where_vllm_expands_them_otherwise(family, tiny_model, tmp_path):
+def test_videos_with_vllm_are_refused_where_vllm_does_not_take_them(family, tiny_model, tmp_path):
     args = grpo_args(tmp_path / "run", use_vllm=True, vllm_mode="colocate")
-    with pytest.raises(VLMGRPOError, match="which vLLM expands into other prompt ids") as refused:
+    with pytest.raises(VLMGRPOError, match=f"which vLLM does not take for {family} here") as refused:
         VLMGRPOTrainer(
             model=tiny_model(family), reward_funcs=length_reward, args=args,
             train_dataset=Dataset.from_list(video_rows(tmp_path, 2)),
         )  # fmt: skip
-    assert "\n" not in str(refused.value) and f"than {family}'s processor" in str(refused.value)
+    assert "\n" not in str(refused.value) and str(refused.value).endswith(
+        "set use_vllm: false to generate with transformers."
+    )
 
 
 # ------------------------------------------------------------------------------------------------------- planner

@@ -126,19 +126,18 @@ def check_videos(datasets: Sequence[Any], family: ModelFamily, args: VLMGRPOConf
         return
     if not family.reads_video:
         raise VLMGRPOError(
-            f"The dataset holds videos, but {family.model_type} models read no video; remove the video records, or "
-            "train a family that reads video (see docs/families.md)."
+            f"The dataset holds videos, but {family.no_video_reason()}; remove the video records, or train a family "
+            "that reads video (see docs/families.md)."
         )
     if args.use_vllm and args.vllm_mode == "server":
         raise VLMGRPOError(
             "The dataset holds videos, which vLLM server mode does not take (TRL's client sends a server images "
             "only); set vllm_mode: colocate, or use_vllm: false (transformers samples them)."
         )
-    if args.use_vllm and not family.vllm_expands_videos_alike:
+    if args.use_vllm and family.vllm_video_refusal:
         raise VLMGRPOError(
-            f"The dataset holds videos, which vLLM expands into other prompt ids than {family.model_type}'s processor "
-            "writes (it fills each frame with the video token, the processor with the image token); set use_vllm: "
-            "false to generate with transformers."
+            f"The dataset holds videos, which vLLM does not take for {family.model_type} here "
+            f"({family.vllm_video_refusal}); set use_vllm: false to generate with transformers."
         )
     if args.use_vllm and args.vllm_tensor_parallel_size > 1:
         raise VLMGRPOError(

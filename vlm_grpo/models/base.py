@@ -71,9 +71,8 @@ class ModelFamily:
         reads_video (`bool`): whether the family's model reads video; a prompt with a video is refused otherwise.
         video_input_keys (`tuple[str, ...]`): processor outputs that are per-video tensors (first dim = videos or
             patches); empty where the processor returns a video as images (`image_input_keys`).
-        vllm_expands_videos_alike (`bool`): whether vLLM expands a video placeholder into the ids the family's
-            processor writes (vLLM writes InternVL's frames with its video token where the processor writes the image
-            token); videos with `use_vllm` are refused otherwise.
+        vllm_video_refusal (`str`): why videos with `use_vllm` are refused for the family (e.g. vLLM expands a video
+            placeholder into other ids than the family's processor writes); empty where vLLM takes them.
         video_feature_keys (`tuple[str, ...]`): the arguments of the inner model's `get_video_features`, in order
             (as `image_input_keys` are those of its `get_image_features`); empty without video.
         placeholder_config_attrs (`tuple[str, ...]`): model-config attributes holding ids of the special tokens
@@ -90,7 +89,7 @@ class ModelFamily:
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
     reads_video: ClassVar[bool] = False
     video_input_keys: ClassVar[tuple[str, ...]] = ()
-    vllm_expands_videos_alike: ClassVar[bool] = True
+    vllm_video_refusal: ClassVar[str] = ""
     video_feature_keys: ClassVar[tuple[str, ...]] = ()
     placeholder_config_attrs: ClassVar[tuple[str, ...]] = ("image_token_id", "video_token_id")
     placeholder_processor_attrs: ClassVar[tuple[str, ...]] = ("image_token", "video_token")
@@ -208,6 +207,10 @@ class ModelFamily:
             raise VLMGRPOError(
                 f"{type(self).__name__} has no video pixel bounds; remove video_min_pixels and video_max_pixels."
             )
+
+    def no_video_reason(self) -> str:
+        """Why the family reads no video, as the start of a one-line error (e.g. "gemma3 models read no video")."""
+        return f"{self.model_type} models read no video"
 
     # ---------------------------------------------------------------------------------------------- tokens
     def placeholder_token_ids(self, processor: ProcessorMixin, model_config: Any) -> list[int]:
@@ -380,9 +383,8 @@ class ModelFamily:
         if videos:
             if not self.reads_video:
                 raise VLMGRPOError(
-                    f"{self.model_type} models read no video, but a prompt holds {len(videos)} "
-                    f"(first: {video_name(videos[0])}); remove the videos from the data, or "
-                    "train a family that reads video (see docs/families.md)."
+                    f"{self.no_video_reason()}, but a prompt holds {len(videos)} (first: {video_name(videos[0])}); "
+                    "remove the videos from the data, or train a family that reads video (see docs/families.md)."
                 )
             fps = processor.video_processor.fps
             video_kwargs = processor_video_kwargs(

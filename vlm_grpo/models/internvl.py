@@ -35,8 +35,10 @@ class InternVLFamily(ModelFamily):
     vision_module_names: ClassVar[tuple[str, ...]] = ("vision_tower", "multi_modal_projector")
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
     reads_video: ClassVar[bool] = True  # as images: see the module docstring
-    # vLLM fills each frame with `<video>`, where the processor writes `<IMG_CONTEXT>`
-    vllm_expands_videos_alike: ClassVar[bool] = False
+    vllm_video_refusal: ClassVar[str] = (
+        "vLLM fills each frame with the video token, where InternVL's processor writes the image token, so the prompt "
+        "ids differ"
+    )
     placeholder_config_attrs: ClassVar[tuple[str, ...]] = ("image_token_id",)
     placeholder_processor_attrs: ClassVar[tuple[str, ...]] = (
         "image_token",

@@ -6,8 +6,9 @@ It carries the published chat template (`gemma4_v5.jinja`, the current revision 
 closed by `<|tool_response>`, tool results `<|tool_response>response:NAME{...}<tool_response|>` followed by the
 tool's images within the same model turn. Each image part is written `<|image|>`, which `Gemma4Processor` expands to
 `<|image>` + `<|image|>` * soft tokens + `<image|>`. The tokenizer is a byte-level BPE (every text decodes back
-exactly, as tool calls need) with Gemma 4's control tokens as special tokens. Audio and video tokens are in the
-vocabulary (so that the trainer can keep them out of completions) but the model has no audio tower.
+exactly, as tool calls need) with Gemma 4's control tokens as special tokens. Audio tokens are in the vocabulary (so
+that the trainer can keep them out of completions) but the model has no audio tower; videos go through the vision
+tower frame by frame.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from transformers import (
     Gemma4VideoProcessor,
 )
 
+from ..models.gemma4 import READS_VIDEO
 from ._common import TAG_TOKENS, BuildOptions, check_sizes, save_tiny, token_id
 from .expectations import TinyFamily
 from .qwen import byte_level_tokenizer
@@ -115,7 +117,7 @@ def build_gemma4(out_dir: str | os.PathLike, **options: Any) -> str:
         feature_extractor=Gemma4AudioFeatureExtractor(),
         image_processor=Gemma4ImageProcessor(**sizes),
         tokenizer=tokenizer,
-        video_processor=Gemma4VideoProcessor(**sizes, num_frames=2),
+        video_processor=Gemma4VideoProcessor(**sizes),  # the published 32 frames (cleared by video_fps)
         chat_template=chat_template,
         image_seq_length=MAX_SOFT_TOKENS,
     )
@@ -184,7 +186,7 @@ GEMMA4 = TinyFamily(
     byte_level=True,
     tool_calls=True,
     stock_tool_images=False,
-    refused_inputs=("audio", "video"),
+    refused_inputs=("audio",) if READS_VIDEO else ("audio", "video"),  # video with transformers >= 5.19
     placeholder_tokens=frozenset(
         {"<|image|>", "<|image>", "<image|>", "<|video|>", "<|audio|>", "<|audio>", "<audio|>"}
     ),
