@@ -389,6 +389,8 @@ def make_trainer(kind: str, model, dataset: Dataset, common: dict, opts, lora: L
     extra = {"log_samples_steps": 0} if "log_samples_steps" in fields else {}  # no sample files, like stock
     if opts.share != "default" and "share_prompt_prefix" in fields:
         extra["share_prompt_prefix"] = opts.share
+    if opts.fast_generation != "default" and "fast_generation" in fields:
+        extra["fast_generation"] = opts.fast_generation
     if kind == "ours_full":  # every row computes its own prompt: what a full-row computation costs
         extra["share_prompt_prefix"] = "false"
     args = VLMGRPOConfig(**common, **extra)
@@ -540,6 +542,8 @@ def add_run_options(parser: argparse.ArgumentParser, unit: str) -> None:
     parser.add_argument("--scale", choices=["small", "large"], default="small", help="large: for a GPU run")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, to check the script quickly")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fast_generation", choices=["default", "auto", "true", "false"], default="default",
+                        help="VLMGRPOConfig(fast_generation=...) of ours; default: the config's default")  # fmt: skip
 
 
 def start_run(parser: argparse.ArgumentParser, opts, alternation: str) -> tuple[bool, dict]:

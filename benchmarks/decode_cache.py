@@ -94,7 +94,7 @@ def main() -> None:
         parser.error(f"--repeats must be >= 1 and --kinds a list of {', '.join(KINDS)} holding dynamic")
     cuda = opts.device == "cuda" or (opts.device is None and torch.cuda.is_available())
     quiet()
-    opts.generation, opts.share = "transformers", "default"
+    opts.generation, opts.share, opts.fast_generation = "transformers", "default", "default"
     dims = SCALES["smoke" if opts.smoke else opts.scale]
     spec = dict(SHAPES[opts.shape])
     tokens = opts.tokens or spec["length"]

@@ -195,7 +195,7 @@ def main() -> None:
         parser.error("--random_weights needs --model")
     cuda = opts.device == "cuda" or (opts.device is None and torch.cuda.is_available())
     quiet()
-    opts.generation, opts.share = "transformers", "default"
+    opts.generation, opts.share, opts.fast_generation = "transformers", "default", "default"
     dims = SCALES["smoke" if opts.smoke else opts.scale]
     spec = dict(SHAPES[opts.shape])
     spec["length"] = opts.tokens or spec["length"]

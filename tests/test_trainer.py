@@ -137,3 +137,24 @@ def test_unknown_model_type_lists_supported(tmp_path):
     with pytest.raises(ValueError, match="Supported: ") as error:
         get_model_family(LlamaConfig())
     assert all(model_type in str(error.value) for model_type in SUPPORTED_MODEL_TYPES)
+
+
+def test_generation_leaves_the_input_embeddings_hooks_as_they_were(tiny_model, tmp_path):
+    """LoRA with gradient checkpointing: TRL turns checkpointing off for each generation and on after it, and
+    transformers then registers its input-gradient hook anew; the trainer keeps one, so steps add no hooks."""
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+
+    counts = []
+
+    class CountHooks(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            counts.append(len(model.get_input_embeddings()._forward_hooks))
+
+    trainer = VLMGRPOTrainer(
+        model=tiny_model(DEFAULT_FAMILY), reward_funcs=length_reward,
+        args=grpo_args(tmp_path, max_steps=3, gradient_checkpointing=True), train_dataset=color_dataset(8),
+        peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0), callbacks=[CountHooks()],
+    )  # fmt: skip
+    trainer.train()
+    assert counts[0] >= 1 and counts == [counts[0]] * 3  # without the trainer's care: one more every step

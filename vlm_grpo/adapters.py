@@ -6,6 +6,8 @@ LM head; a user list is resolved against module names and the vision tower is st
 
 from __future__ import annotations
 
+import types
+
 import torch
 from peft import LoraConfig
 from torch import nn
@@ -79,3 +81,25 @@ def qlora_quantization_config(compute_dtype: torch.dtype = torch.bfloat16, doubl
         bnb_4bit_compute_dtype=compute_dtype,
         bnb_4bit_use_double_quant=double_quant,
     )
+
+
+def drop_repeated_input_grad_hooks(model: nn.Module) -> None:
+    """Keep one input-gradient hook (transformers' `enable_input_require_grads`) on each embedding layer of `model`.
+
+    With gradient checkpointing, TRL turns it off for every generation and on again after it, and each time
+    transformers registers its `make_inputs_require_grads` hook anew while losing the handle of the previous one: a run
+    would add hooks to the input embeddings at every step (each embedding forward running them all, and a compiled
+    decoding step recompiling on their count). The hooks are identical no-ops after the first (they set
+    `requires_grad` on the output), so the most recent one of each layer is kept.
+
+    Args:
+        model (`nn.Module`): the model (PEFT-wrapped or not).
+    """
+    for module in model.modules():
+        repeated = [
+            key
+            for key, hook in module._forward_hooks.items()
+            if isinstance(hook, types.FunctionType) and hook.__code__.co_name == "make_inputs_require_grads"
+        ]
+        for key in repeated[:-1]:  # in registration order: the last is the one transformers holds a handle to
+            del module._forward_hooks[key]

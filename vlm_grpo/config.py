@@ -48,6 +48,11 @@ class VLMGRPOConfig(GRPOConfig):
             `"auto"` per generation batch when the prompt tokens it saves are a large enough share of the pass to
             pay for its second forward call (see `vlm_grpo.sharing_plan.sharing_pays`). Works with (non-reentrant)
             gradient checkpointing; with `use_reentrant: true` the policy's training forward runs full rows.
+        fast_generation (`str`, defaults to `"auto"`): transformers' `generate` decodes from a static (preallocated)
+            KV cache with a compiled decoding step (see `vlm_grpo.fast_generation`): `"true"` wherever it can run,
+            `"false"` never, `"auto"` where it was measured to pay (no device yet: the CPU was measured no faster,
+            GPUs not yet). Same tokens for the same
+            random draws; compiling costs time on the first steps and on each new batch size.
         log_samples_steps (`int`, defaults to 50): every this many steps, write the step's prompts, image paths,
             completions, rewards and advantages to `output_dir/samples/step_NNNNNN.jsonl`; 0 turns it off.
         no_signal_warning_steps (`int`, defaults to 10): warn when this many rollouts in a row had no learning
@@ -98,6 +103,13 @@ class VLMGRPOConfig(GRPOConfig):
             "false, or auto (per batch, when it saves enough).",
         },
     )
+    fast_generation: str = field(
+        default="auto",
+        metadata={
+            "help": "Decode from a static KV cache with a compiled step (transformers' generate): true, false, or "
+            "auto (where it was measured to pay: no device yet).",
+        },
+    )
     log_samples_steps: int = field(
         default=50,
         metadata={
@@ -143,6 +155,12 @@ class VLMGRPOConfig(GRPOConfig):
         ) as error:  # TRL's and transformers' own checks of these options: bad input, one line
             raise VLMGRPOError(" ".join(str(error).split())) from error
         self.share_prompt_prefix = sharing_mode(self.share_prompt_prefix)
+        self.fast_generation = fast_generation_mode(self.fast_generation)
+        if self.fast_generation == "true" and self.use_vllm:
+            raise VLMGRPOError(
+                "fast_generation: true speeds up transformers' generate, but use_vllm: true samples with vLLM; set "
+                "fast_generation: auto or false, or use_vllm: false."
+            )
         refused = refused_options(self)
         if refused:
             raise VLMGRPOError(refused[0])
@@ -238,6 +256,14 @@ def sharing_mode(value: str | bool) -> str:
     mode = str(value).lower()
     if mode not in ("true", "false", "auto"):
         raise VLMGRPOError(f"share_prompt_prefix must be true, false or auto, got {value!r}.")
+    return mode
+
+
+def fast_generation_mode(value: str | bool) -> str:
+    """`fast_generation` as one of "true", "false", "auto" (YAML and Python may give booleans)."""
+    mode = str(value).lower()
+    if mode not in ("true", "false", "auto"):
+        raise VLMGRPOError(f"fast_generation must be true, false or auto, got {value!r}.")
     return mode
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import transformers
 from packaging.version import Version
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .models import ModelFamily
@@ -182,6 +182,16 @@ def _prefix_cache(
     if positions is not None:
         inputs["position_ids"] = positions[..., first, : prompt_ids.size(1) - 1]
     rows = groups.index.to(prompt_ids.device)
+    if isinstance(cache, StaticCache):
+        model(**inputs, **{CACHE: cache}, use_cache=True, logits_to_keep=1)
+        if len(first) < len(
+            rows
+        ):  # groups of several rows (else each row is its own group, the cache is theirs)
+            cache.reorder_cache(rows)  # every layer [U, heads, max_cache_len, d] -> [B, ...], new buffers
+            for layer in cache.layers:  # compiled decoding (CUDA graphs) keeps their addresses
+                torch._dynamo.mark_static_address(layer.keys)
+                torch._dynamo.mark_static_address(layer.values)
+        return cache
     if cache is None:
         cache = model(**inputs, use_cache=True, logits_to_keep=1)[CACHE]
         cache.batch_select_indices(rows)  # every layer [U, ...] -> [B, ...]
@@ -255,6 +265,8 @@ def shared_prefix_generate(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     image_inputs: Sequence[dict],
+    max_cache_len: int | None = None,
+    share: bool = True,
     **generate_kwargs: Any,
 ) -> torch.Tensor:
     """`model.generate` with each group's prompt prefilled once; the G rows of a group continue from one cache.
@@ -266,14 +278,25 @@ def shared_prefix_generate(
         prompt_ids (`torch.Tensor`): `[B, P]` left-padded prompt ids, each prompt repeated for its G rows.
         prompt_mask (`torch.Tensor`): `[B, P]`.
         image_inputs (`Sequence[dict]`): the B per-sample image dicts.
+        max_cache_len (`int | None`, defaults to None): with a length, the cache is transformers' `StaticCache` of
+            that many positions, preallocated once for the B rows (what a compiled decoding step needs); otherwise the
+            model's growing `DynamicCache`.
+        share (`bool`, defaults to True): prefill each group's prompt once; False prefills every row's (each row its
+            own group, as `generate` prefills them), for a static cache on full rows.
         **generate_kwargs: passed to `generate` (e.g. `generation_config`).
 
     Returns:
         `[B, P+C]` the prompts followed by the sampled completions, as `generate` returns them.
     """
-    groups = find_groups(prompt_ids, image_inputs)
+    rows = torch.arange(prompt_ids.size(0))  # [B]
+    groups = find_groups(prompt_ids, image_inputs) if share else PromptGroups(first=rows, index=rows)
     positions = family.position_ids(base_model, prompt_ids, prompt_mask, image_inputs, generation=True)
-    cache = _prefix_cache(model, base_model, family, prompt_ids, prompt_mask, image_inputs, groups, positions)
+    static = (
+        None if max_cache_len is None else StaticCache(config=base_model.config, max_cache_len=max_cache_len)
+    )
+    cache = _prefix_cache(
+        model, base_model, family, prompt_ids, prompt_mask, image_inputs, groups, positions, static
+    )
     family.prepare_generation_from_cache(base_model, prompt_ids, prompt_mask, image_inputs)
     return model.generate(
         input_ids=prompt_ids, attention_mask=prompt_mask, **{CACHE: cache}, **generate_kwargs

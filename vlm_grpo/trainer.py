@@ -43,6 +43,7 @@ from trl.trainer.utils import split_tensor_dict, use_adapter
 
 from . import trainer_setup as setup
 from . import vllm_generation
+from .adapters import drop_repeated_input_grad_hooks
 from .advantages import group_advantages
 from .checkpoints import (
     checkpoint_write_error,
@@ -50,10 +51,11 @@ from .checkpoints import (
     load_weights_mapped,
     mark_complete,
 )
-from .config import VLMGRPOConfig, sharing_mode
+from .config import VLMGRPOConfig, fast_generation_mode, sharing_mode
 from .dynamic_sampling import DynamicSampling, Round, chosen_logs, group_rows, kept_and_dropped
 from .dynamic_sampling import metrics as dynamic_metrics
 from .errors import VLMGRPOError
+from .fast_generation import decide_fast_generation
 from .image_features import ImageFeatureCache
 from .lm_head import keep_embedding_dtype
 from .models import EncodedPrompt, ModelFamily, get_model_family
@@ -239,6 +241,14 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._sharing = self._sharing_policy(zero3)
         if self._sharing.describe():
             logger.info(self._sharing.describe())
+        self._fast = decide_fast_generation(
+            fast_generation_mode(self.args.fast_generation),
+            self.accelerator.device,
+            None if self.use_vllm else self._merged_generation_config(),
+            quantized="quantization_config" in self.accelerator.unwrap_model(self.model).config.to_dict(),
+            zero3=zero3,
+        )
+        logger.info(self._fast.reason)
         self._dynamic = self._prompt_stream = None
         if self.args.dynamic_sampling:
             self._dynamic = DynamicSampling(
@@ -649,11 +659,13 @@ class VLMGRPOTrainer(GRPOTrainer):
         """`generate` on the left-padded prompts; each group's prompt is prefilled once when the prefix is shared."""
         prompt_ids, prompt_mask = self._left_padded([e.input_ids for e in encoded])  # [B, P]
         image_inputs = [e.image_inputs for e in encoded]
+        max_cache_len = self._fast.max_cache_len(prompt_ids.size(1), self.generation_config.max_new_tokens)
         with self._generating(image_inputs) as unwrapped_model:
-            if shared:
+            if shared or max_cache_len is not None:  # the rows continue from a cache prefilled here
                 output = shared_prefix_generate(
                     unwrapped_model, self._base_model(unwrapped_model), self.family, prompt_ids, prompt_mask,
-                    image_inputs, generation_config=self.generation_config,
+                    image_inputs, max_cache_len=max_cache_len, share=shared,
+                    generation_config=self._fast.generation_config(self.generation_config),
                 )  # fmt: skip
             else:
                 config = self.accelerator.unwrap_model(self.model).config
@@ -712,6 +724,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             self._reusing_image_features(unwrapped_model, image_inputs),
         ):
             yield unwrapped_model
+        drop_repeated_input_grad_hooks(self.accelerator.unwrap_model(self.model_wrapped))
 
     def _cut_completions(self, sampled: torch.Tensor) -> list[list[int]]:
         """Each row's sampled tokens `[B, N]` up to and including its first eos."""
