@@ -184,9 +184,8 @@ def _prefix_cache(
     rows = groups.index.to(prompt_ids.device)
     if isinstance(cache, StaticCache):
         model(**inputs, **{CACHE: cache}, use_cache=True, logits_to_keep=1)
-        if len(first) < len(
-            rows
-        ):  # groups of several rows (else each row is its own group, the cache is theirs)
+        # groups of several rows (else each row is its own group, the cache is theirs)
+        if len(first) < len(rows):
             cache.reorder_cache(rows)  # every layer [U, heads, max_cache_len, d] -> [B, ...], new buffers
             for layer in cache.layers:  # compiled decoding (CUDA graphs) keeps their addresses
                 torch._dynamo.mark_static_address(layer.keys)

@@ -249,6 +249,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             zero3=zero3,
         )
         logger.info(self._fast.reason)
+        self._fast_generation_config = self._fast.generation_config(self.generation_config)
         self._dynamic = self._prompt_stream = None
         if self.args.dynamic_sampling:
             self._dynamic = DynamicSampling(
@@ -665,7 +666,7 @@ class VLMGRPOTrainer(GRPOTrainer):
                 output = shared_prefix_generate(
                     unwrapped_model, self._base_model(unwrapped_model), self.family, prompt_ids, prompt_mask,
                     image_inputs, max_cache_len=max_cache_len, share=shared,
-                    generation_config=self._fast.generation_config(self.generation_config),
+                    generation_config=self._fast_generation_config,
                 )  # fmt: skip
             else:
                 config = self.accelerator.unwrap_model(self.model).config
@@ -724,7 +725,8 @@ class VLMGRPOTrainer(GRPOTrainer):
             self._reusing_image_features(unwrapped_model, image_inputs),
         ):
             yield unwrapped_model
-        drop_repeated_input_grad_hooks(self.accelerator.unwrap_model(self.model_wrapped))
+        if self.args.gradient_checkpointing:  # TRL turned it off for generation and on again
+            drop_repeated_input_grad_hooks(self.accelerator.unwrap_model(self.model_wrapped))
 
     def _cut_completions(self, sampled: torch.Tensor) -> list[list[int]]:
         """Each row's sampled tokens `[B, N]` up to and including its first eos."""

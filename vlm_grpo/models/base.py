@@ -71,6 +71,9 @@ class ModelFamily:
         reads_video (`bool`): whether the family's model reads video; a prompt with a video is refused otherwise.
         video_input_keys (`tuple[str, ...]`): processor outputs that are per-video tensors (first dim = videos or
             patches); empty where the processor returns a video as images (`image_input_keys`).
+        video_frames_uncapped (`bool`): whether the family's video processor samples `fps` frames per second and caps
+            no frame count; `video_max_frames` is then refused, and the folder's fixed `num_frames` (which would take
+            precedence over `fps`) cleared.
         vllm_video_refusal (`str`): why videos with `use_vllm` are refused for the family (e.g. vLLM expands a video
             placeholder into other ids than the family's processor writes); empty where vLLM takes them.
         video_feature_keys (`tuple[str, ...]`): the arguments of the inner model's `get_video_features`, in order
@@ -89,6 +92,7 @@ class ModelFamily:
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
     reads_video: ClassVar[bool] = False
     video_input_keys: ClassVar[tuple[str, ...]] = ()
+    video_frames_uncapped: ClassVar[bool] = False
     vllm_video_refusal: ClassVar[str] = ""
     video_feature_keys: ClassVar[tuple[str, ...]] = ()
     placeholder_config_attrs: ClassVar[tuple[str, ...]] = ("image_token_id", "video_token_id")
@@ -197,11 +201,18 @@ class ModelFamily:
             min_pixels (`int | None`, defaults to None): the video processor's lower pixel bound (family-specific).
             max_pixels (`int | None`, defaults to None): the video processor's upper pixel bound (family-specific).
         """
+        if max_frames is not None and self.video_frames_uncapped:
+            raise VLMGRPOError(
+                f"{self.model_type}'s video processor samples video_fps frames per second and caps no frame count: "
+                "remove video_max_frames (lower video_fps for long clips)."
+            )
         if not self.reads_video:
             return
         video_processor = processor.video_processor
         video_processor.fps = fps
-        if max_frames is not None:
+        if self.video_frames_uncapped:
+            video_processor.num_frames = None
+        elif max_frames is not None:
             video_processor.max_frames = max_frames
         if min_pixels is not None or max_pixels is not None:
             raise VLMGRPOError(

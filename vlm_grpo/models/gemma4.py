@@ -48,6 +48,8 @@ class Gemma4Family(ModelFamily):
     reads_video: ClassVar[bool] = READS_VIDEO
     video_input_keys: ClassVar[tuple[str, ...]] = VIDEO_KEYS if READS_VIDEO else ()
     video_feature_keys: ClassVar[tuple[str, ...]] = VIDEO_KEYS if READS_VIDEO else ()
+    # each frame is sized by max_soft_tokens: no pixel bounds either
+    video_frames_uncapped: ClassVar[bool] = True
     vllm_video_refusal: ClassVar[str] = (
         "its Gemma 4 video path is not checked against the processor's ids: the vLLM releases checked run a "
         "transformers older than 5.19"
@@ -101,26 +103,6 @@ class Gemma4Family(ModelFamily):
             f"Gemma 4 reads video only with transformers >= 5.19 ({transformers.__version__} is installed: "
             "upgrade it)"
         )
-
-    def configure_video(
-        self,
-        processor: ProcessorMixin,
-        fps: float,
-        max_frames: int | None = None,
-        min_pixels: int | None = None,
-        max_pixels: int | None = None,
-    ) -> None:
-        """Sample `fps` frames per second from a file (the folder's fixed `num_frames` would take precedence, so it is
-        cleared). Gemma 4's video processor sizes each frame by its `max_soft_tokens` and caps no frame count, so
-        `video_max_frames` and pixel bounds are refused in one line."""
-        if max_frames is not None:
-            raise VLMGRPOError(
-                "Gemma 4's video processor samples video_fps frames per second and caps no frame count: remove "
-                "video_max_frames (lower video_fps for long clips)."
-            )
-        super().configure_video(processor, fps, None, min_pixels, max_pixels)
-        if self.reads_video:
-            processor.video_processor.num_frames = None
 
     def video_tokens(
         self,

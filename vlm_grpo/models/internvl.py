@@ -35,6 +35,8 @@ class InternVLFamily(ModelFamily):
     vision_module_names: ClassVar[tuple[str, ...]] = ("vision_tower", "multi_modal_projector")
     image_input_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
     reads_video: ClassVar[bool] = True  # as images: see the module docstring
+    # each frame is resized to the tile size: no pixel bounds either
+    video_frames_uncapped: ClassVar[bool] = True
     vllm_video_refusal: ClassVar[str] = (
         "vLLM fills each frame with the video token, where InternVL's processor writes the image token, so the prompt "
         "ids differ"
@@ -78,25 +80,6 @@ class InternVLFamily(ModelFamily):
         tiles = columns * rows + (1 if columns * rows > 1 else 0)
         per_tile = int((tile // vision.patch_size[0]) ** 2 * model_config.downsample_ratio**2)
         return tiles * per_tile
-
-    def configure_video(
-        self,
-        processor: ProcessorMixin,
-        fps: float,
-        max_frames: int | None = None,
-        min_pixels: int | None = None,
-        max_pixels: int | None = None,
-    ) -> None:
-        """Sample `fps` frames per second from a file (a fixed `num_frames` in the folder's video processor would take
-        precedence, so it is cleared); each frame is resized to the tile size, so neither a frame cap nor pixel bounds
-        apply: they are refused in one line."""
-        if max_frames is not None:
-            raise VLMGRPOError(
-                "InternVL's video processor samples video_fps frames per second and caps no frame count: remove "
-                "video_max_frames (lower video_fps for long clips)."
-            )
-        super().configure_video(processor, fps, None, min_pixels, max_pixels)
-        processor.video_processor.num_frames = None
 
     def video_tokens(
         self,
