@@ -3,15 +3,20 @@ the decoding forward compiled (`torch.compile`), against the growing cache (`dyn
 
     .venv/bin/python benchmarks/decode_cache.py --shape recipe --repeats 2
     .venv/bin/python benchmarks/decode_cache.py --shape recipe --kinds dynamic,static --tokens 32
+    .venv/bin/python benchmarks/decode_cache.py --shape recipe --kinds dynamic,compiled,autotuned,cpp_wrapper
 
 One `VLMGRPOTrainer` is built as `bench_grpo.py` builds it for the shape (the same model, data, LoRA and settings),
 and the model it trains (LoRA adapters included) runs `generate` on one group of G rows of the shape's first prompt,
-full rows (the image and prompt in every row), once per cache kind to warm up (and compile), then `--repeats` times:
+full rows (the image and prompt in every row), once per kind (`--kinds`; default: the first three) to warm up (and
+compile), then `--repeats` times:
 
 - dynamic: `cache_implementation="dynamic"`, no compilation (what `generate` does today);
 - static: `cache_implementation="static"` (a cache of prompt + completion length, allocated once), no compilation;
 - compiled: the static cache and transformers' own compiled decoding forward (`CompileConfig`, inductor, also on
-  the CPU; compiled on the warm-up call).
+  the CPU; compiled on the warm-up call);
+- autotuned: as compiled, with inductor's `max-autotune-no-cudagraphs` mode (its own matrix-product kernels tried
+  against the library's);
+- cpp_wrapper: as compiled, with inductor's C++ wrapper (no Python between the compiled kernels).
 
 Each generation samples the shape's token count (`min_new_tokens`, no eos stop) from the same seed. Printed per kind:
 the warm-up call's seconds (compilation included), the median decode ms per token over the repeats, and whether its
@@ -43,7 +48,7 @@ from transformers import CompileConfig
 
 from vlm_grpo.rollout import load_rows
 
-KINDS = ("dynamic", "static", "compiled")
+KINDS = ("dynamic", "static", "compiled", "autotuned", "cpp_wrapper")
 
 
 def generation_kwargs(kind: str, tokens: int) -> dict:
@@ -55,7 +60,14 @@ def generation_kwargs(kind: str, tokens: int) -> dict:
         return {**kwargs, "cache_implementation": "dynamic"}
     if kind == "static":
         return {**kwargs, "cache_implementation": "static", "disable_compile": True}
-    compile_config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
+    if kind == "autotuned":
+        compile_config = CompileConfig(fullgraph=False, dynamic=False, mode="max-autotune-no-cudagraphs")
+    elif kind == "cpp_wrapper":
+        compile_config = CompileConfig(
+            fullgraph=False, dynamic=False, mode=None, options={"cpp_wrapper": True}
+        )
+    else:
+        compile_config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
     compile_config._compile_all_devices = True  # transformers compiles on accelerators only unless told
     return {**kwargs, "cache_implementation": "static", "compile_config": compile_config}
 
@@ -78,7 +90,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shape", choices=list(SHAPES), default="recipe")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument(
+        "--kinds", default="dynamic,static,compiled", help=f"comma-separated, of {', '.join(KINDS)}"
+    )
     parser.add_argument(
         "--repeats", type=int, default=2, help="timed generations per kind (after one warm-up)"
     )
