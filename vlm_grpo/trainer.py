@@ -249,7 +249,10 @@ class VLMGRPOTrainer(GRPOTrainer):
             zero3=zero3,
         )
         logger.info(self._fast.reason)
-        self._fast_generation_config = self._fast.generation_config(self.generation_config)
+        # transformers' config for `generate`, built once (TRL sets none when vLLM samples)
+        self._fast_generation_config = (
+            None if self.use_vllm else self._fast.generation_config(self.generation_config)
+        )
         self._dynamic = self._prompt_stream = None
         if self.args.dynamic_sampling:
             self._dynamic = DynamicSampling(
