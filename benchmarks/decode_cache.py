@@ -46,7 +46,7 @@ from bench_grpo import (
 )
 from transformers import CompileConfig
 
-from vlm_grpo.rollout import load_rows
+from vlm_grpo.data.rows import load_rows
 
 KINDS = ("dynamic", "static", "compiled", "autotuned", "cpp_wrapper")
 

@@ -53,8 +53,8 @@ from bench_grpo import (
 )
 from transformers import GenerationMixin, LogitsProcessorList, StoppingCriteriaList
 
-import vlm_grpo.shared_prefix as shared_prefix
-from vlm_grpo.rollout import load_rows
+import vlm_grpo.policy.shared_prefix as shared_prefix
+from vlm_grpo.data.rows import load_rows
 
 PARTS = ("prefill", "forward", "cache update", "logits processing", "sampling", "inputs and bookkeeping")
 

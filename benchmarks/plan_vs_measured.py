@@ -113,7 +113,7 @@ def measure(row: tuple, model_dir: str, out: str, queue) -> None:
     from transformers import TrainerCallback
     from trl import get_peft_config
 
-    from vlm_grpo.trainer import VLMGRPOTrainer
+    from vlm_grpo.trainer.trainer import VLMGRPOTrainer
 
     torch.set_num_threads(2)
     _, lora, beta, checkpointing, G, length = row
@@ -172,7 +172,7 @@ def measure_cuda(row: tuple, model_dir: str, out: str, queue) -> None:
     from transformers import TrainerCallback
     from trl import get_peft_config
 
-    from vlm_grpo.trainer import VLMGRPOTrainer
+    from vlm_grpo.trainer.trainer import VLMGRPOTrainer
 
     _, lora, beta, checkpointing, G, length, side = row
     args, model_args = options(model_dir, lora, beta, checkpointing, G, length, out, device="cuda")

@@ -10,10 +10,10 @@ from conftest import color_dataset, grpo_args, length_reward, square_image, writ
 from PIL import Image
 
 from vlm_grpo import VLMGRPOTrainer
-from vlm_grpo.checkpoints import is_complete
-from vlm_grpo.cli import main as cli_main
-from vlm_grpo.rollout import load_rows
+from vlm_grpo.cli.main import main as cli_main
+from vlm_grpo.data.rows import load_rows
 from vlm_grpo.testing import DEFAULT_FAMILY, FAMILIES
+from vlm_grpo.trainer.checkpoints import is_complete
 
 
 def error_line(capsys, *argv: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vlm_grpo.sharing_plan import sharing_pays
+from vlm_grpo.policy.sharing_plan import sharing_pays
 
 pytestmark = pytest.mark.once  # the benchmark scripts' smoke runs: `make test` runs them, the floor does not
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_sharing.py"

@@ -15,8 +15,8 @@ import yaml
 from conftest import write_color_data
 from transformers.utils import is_torch_bf16_gpu_available
 
-from vlm_grpo.cli import main as cli_main
-from vlm_grpo.commands.demo import run_demo
+from vlm_grpo.cli.demo import run_demo
+from vlm_grpo.cli.main import main as cli_main
 from vlm_grpo.testing import DEFAULT_FAMILY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,8 +133,8 @@ def test_train_help_shows_config_and_our_options_first(flag, capsys):
 def test_options_read_from_the_source_equal_the_parser():
     """`train --help` and the key and flag checks read the options from the source files (`train_options`): the same
     names, flags, help, own options and (where the source gives a literal) defaults as the real parser."""
+    from vlm_grpo.cli.train_options import read_options
     from vlm_grpo.train import build_parser, parser_options
-    from vlm_grpo.train_options import read_options
 
     read, live = read_options(), parser_options(build_parser())
     assert read is not None
@@ -183,7 +183,7 @@ def test_help_and_input_errors_import_nothing_heavy(args, tmp_path):
     no_data.write_text(f"model_name_or_path: runs/tiny\ndata_config: {tmp_path / 'none.yaml'}\n")
     argv = [a.format(bad_yaml=bad, no_data_yaml=no_data) for a in args]
     probe = (
-        "import sys\nfrom vlm_grpo.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as exit:\n"
+        "import sys\nfrom vlm_grpo.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as exit:\n"
         "    code = exit.code\n"
         f"print('exit', code, 'heavy', sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)"
     )

@@ -18,13 +18,7 @@ from datasets import Image as DsImage
 from datasets import List
 from PIL import Image
 
-from vlm_grpo.data import (
-    DataConfigError,
-    build_prompt,
-    load_data_config,
-    load_image,
-    parse_sampling_strategy,
-)
+from vlm_grpo.data import DataConfigError, build_prompt, load_data_config, load_image, parse_sampling_strategy
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vlm_grpo.commands.samples import render_html
+from vlm_grpo.cli.samples import render_html
 from vlm_grpo.data import load_data_config
 from vlm_grpo.demos import motion
 from vlm_grpo.rewards import build_rewards

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageChops
 
-from vlm_grpo.commands.demo import main as demo_main
+from vlm_grpo.cli.demo import main as demo_main
 from vlm_grpo.data import load_data_config
 from vlm_grpo.demos import zoom
 from vlm_grpo.demos.multi_turn import parse_call, supervised_row

@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from vlm_grpo.checkpoints import is_complete
-from vlm_grpo.commands.demo import TASKS, main, summary, task_function
+from vlm_grpo.cli.demo import TASKS, main, summary, task_function
 from vlm_grpo.demos import brand, colour, grounding, motion, segments, zoom
-from vlm_grpo.preemption import EXIT_PREEMPTED
 from vlm_grpo.rewards import build_rewards
+from vlm_grpo.runtime.preemption import EXIT_PREEMPTED
+from vlm_grpo.trainer.checkpoints import is_complete
 
 SMALL = {"n_train": 16, "n_warm": 16, "n_eval": 8}
 

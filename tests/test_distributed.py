@@ -6,7 +6,7 @@ test-side code inside the runs is the dotted-path reward `dist_helpers.probe_rew
 evidence (see `tests/dist_helpers.py`).
 
 Each run is checked for: return code 0 (torchrun/accelerate exit non-zero when any worker fails, aborts at exit
-included: `vlm_grpo.shutdown` ends every rank without the interpreter's finalization, where gloo's threads abort); a finite loss
+included: `vlm_grpo.runtime.shutdown` ends every rank without the interpreter's finalization, where gloo's threads abort); a finite loss
 at both steps of `trainer_state.json`; language-model weights that moved; both ranks' reward calls at both steps
 and both ranks' files in the step-2 checkpoint; a `checkpoint-2/model.safetensors` that
 `AutoModelForImageTextToText.from_pretrained` loads with no missing key (under ZeRO-3: the 16-bit gather on save,
@@ -240,7 +240,7 @@ def test_zero3_text_only_rank_and_image_rank(tiny_model, tmp_path, deepspeed_cpu
     steps; the vision tower runs on rank 1 only. The run must still complete and pass the usual checks.
 
     Trained vision: the text-only rank runs the vision tower on a dummy image row in each log-prob pass (see
-    `vlm_grpo.vision_dummy`). Frozen vision: image features are computed once per generation batch, with the whole
+    `vlm_grpo.policy.vision_dummy`). Frozen vision: image features are computed once per generation batch, with the whole
     model gathered on every rank. Without either, the first training forward desyncs: rank 1 all-gathers a vision
     parameter while rank 0 all-gathers a language-model one (gloo aborts with "Received data size doesn't match
     expected size"; with TORCH_DISTRIBUTED_DEBUG=DETAIL: "Detected mismatch between collectives"), or a hang is
@@ -279,7 +279,7 @@ def test_zero3_ranks_with_different_media(
     are two vision-tower calls (the model's `get_image_features` and `get_video_features`), so a rank holding a
     video beside a rank holding only text, or a rank holding images and a video beside a rank holding only images,
     desyncs the gathers unless each log-prob forward runs the same kinds of media on every rank (a dummy row of
-    the kinds a rank lacks; see `vlm_grpo.vision_dummy`). Frozen vision computes every feature once per generation
+    the kinds a rank lacks; see `vlm_grpo.policy.vision_dummy`). Frozen vision computes every feature once per generation
     batch with the whole model gathered. Rows alternate as `layout` says, so rank 0 holds only the first kind.
     """
     model = tiny_model(DEFAULT_FAMILY)

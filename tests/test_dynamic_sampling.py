@@ -16,7 +16,7 @@ from conftest import color_dataset, color_rows, grpo_args, length_reward, write_
 
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.errors import VLMGRPOError
-from vlm_grpo.prompt_stream import PromptStream
+from vlm_grpo.rollout.prompt_stream import PromptStream
 from vlm_grpo.testing import DEFAULT_FAMILY
 
 DEGENERATE = ("red", "green")
@@ -296,7 +296,7 @@ def test_a_group_is_dropped_exactly_when_its_advantages_are_all_zero(aggregation
     """Over random rewards with ties and None patterns (all None, a single scorable row, one function None), a group
     is dropped exactly when its advantages in the whole batch, as training computes them, are all zero."""
     from vlm_grpo.advantages import group_advantages
-    from vlm_grpo.dynamic_sampling import no_signal
+    from vlm_grpo.rollout.dynamic_sampling import no_signal
 
     generator = torch.Generator().manual_seed(0)
     g, functions = 4, 2
@@ -326,7 +326,7 @@ def test_normalize_then_sum_keeps_a_group_whose_weighted_sum_ties():
     """rewards [[2, 0], [0, 1]] with weights [1, 2]: the weighted sums tie (2, 2), yet TRL's normalize_then_sum
     advantages are [-0.707, 0.707]: the group teaches something and is kept."""
     from vlm_grpo.advantages import group_advantages
-    from vlm_grpo.dynamic_sampling import no_signal
+    from vlm_grpo.rollout.dynamic_sampling import no_signal
 
     rewards, weights = torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([1.0, 2.0])
     advantages, _, _ = group_advantages(rewards, weights, 2, "group", "normalize_then_sum")
@@ -342,7 +342,7 @@ def test_normalize_then_sum_keeps_a_group_whose_weighted_sum_ties():
 )
 def test_groups_without_a_scorable_pair_are_dropped(rewards):
     """TRL gives these groups zero advantage (nan_to_num): they are dropped, not kept as informative."""
-    from vlm_grpo.dynamic_sampling import no_signal
+    from vlm_grpo.rollout.dynamic_sampling import no_signal
 
     assert no_signal(torch.tensor(rewards), torch.tensor([1.0]), 2) == [True]
 
@@ -385,7 +385,7 @@ def test_keep_never_discards_an_informative_group():
     """`keep` trains on every informative group; with G=2 and 4 micro-batches two groups fill them equally, so 1 or 3
     informative groups are rounded up with dropped ones (to 2 and 4), never down; with G=2 and 2 micro-batches one
     group splits equally, so 1 informative group trains alone."""
-    from vlm_grpo.dynamic_sampling import keep_count
+    from vlm_grpo.rollout.dynamic_sampling import keep_count
 
     assert [keep_count(k, 4, 2, 4) for k in (1, 2, 3, 4)] == [2, 2, 4, 4]
     assert [keep_count(k, 2, 2, 2) for k in (1, 2)] == [1, 2]

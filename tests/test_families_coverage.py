@@ -18,7 +18,7 @@ from peft import LoraConfig
 from test_vllm_payload import family_setup  # noqa: F401  (fixture)
 
 from vlm_grpo import VLMGRPOTrainer
-from vlm_grpo.adapters import language_linear_names
+from vlm_grpo.policy.adapters import language_linear_names
 from vlm_grpo.testing import families_with
 
 COVERED = families_with(core=False)

@@ -15,10 +15,10 @@ from torch._dynamo.utils import counters
 from transformers import GenerationConfig
 
 from vlm_grpo import VLMGRPOTrainer
+from vlm_grpo.data.rows import load_rows
 from vlm_grpo.errors import VLMGRPOError
-from vlm_grpo.fast_generation import CACHE_BUCKET, FastGeneration, decide_fast_generation
-from vlm_grpo.rollout import load_rows
-from vlm_grpo.shared_prefix import shared_prefix_generate
+from vlm_grpo.policy.shared_prefix import shared_prefix_generate
+from vlm_grpo.rollout.fast_generation import CACHE_BUCKET, FastGeneration, decide_fast_generation
 from vlm_grpo.testing import DEFAULT_FAMILY, TINY_FAMILIES
 
 TOKENS = 6  # sampled per row

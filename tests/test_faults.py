@@ -28,8 +28,8 @@ from dist_helpers import (
     write_data,
 )
 
-from vlm_grpo.checkpoints import is_complete, latest_checkpoint, resolve_resume
 from vlm_grpo.testing import DEFAULT_FAMILY
+from vlm_grpo.trainer.checkpoints import is_complete, latest_checkpoint, resolve_resume
 
 # The fault is injected in the step that starts at global step 2, after checkpoint-2 was written.
 FAIL_STEP = 2

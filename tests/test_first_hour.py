@@ -12,11 +12,11 @@ from test_bad_input import error_line
 from transformers import AutoConfig
 
 from vlm_grpo import VLMGRPOTrainer, get_model_family
-from vlm_grpo.cli import main as cli_main
-from vlm_grpo.commands.tiny_model import FAMILY_NAMES
-from vlm_grpo.signal_watch import SignalWatch
+from vlm_grpo.cli.main import main as cli_main
+from vlm_grpo.cli.tiny_model import FAMILY_NAMES
+from vlm_grpo.rollout.vllm.payload import VLLM_CPU_HEAD_DIMS
+from vlm_grpo.runtime.signal_watch import SignalWatch
 from vlm_grpo.testing import DEFAULT_FAMILY, TINY_FAMILIES, a_family_with, tiny_family
-from vlm_grpo.vllm_payload import VLLM_CPU_HEAD_DIMS
 
 
 def test_tiny_model_command_builds_a_trainable_folder(tmp_path, capsys):
@@ -81,7 +81,7 @@ def test_no_learning_signal_is_said_once_then_every_n(tiny_model, tmp_path, capl
     trainer = VLMGRPOTrainer(
         tiny_model(DEFAULT_FAMILY), constant_reward, args=args, train_dataset=color_dataset(8)
     )
-    with caplog.at_level(logging.WARNING, logger="vlm_grpo.trainer"):
+    with caplog.at_level(logging.WARNING, logger="vlm_grpo.trainer.trainer"):
         trainer.train()
     warnings = [r.getMessage() for r in caplog.records if "No learning signal" in r.getMessage()]
     assert len(warnings) == 3  # after rollouts 3, 5 and 7
@@ -231,7 +231,7 @@ def test_eval_names_the_flags_when_the_base_model_is_gone(lora_run, tmp_path, ca
 
 
 def test_compact_line_reads_the_metrics_of_a_step():
-    from vlm_grpo.console import compact_line
+    from vlm_grpo.runtime.console import compact_line
 
     logs = {"loss": 0.1, "reward": 0.4213, "reward_std": 0.31, "kl": 0.00123, "completions/mean_length": 18.46,
             "step_time": 2.07, "rewards/iou/mean": 0.4}  # fmt: skip

@@ -1,5 +1,5 @@
 """Attention among an image's tokens: bidirectional in Gemma 3 and 4, causal elsewhere, and what vLLM's CPU backend
-computes instead (causal for every family, `vlm_grpo.vllm_payload.warn_vllm_cpu_image_mask`)."""
+computes instead (causal for every family, `vlm_grpo.rollout.vllm.payload.warn_vllm_cpu_image_mask`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from conftest import color_rows
 from transformers import AutoConfig
 from trl.data_utils import prepare_multimodal_messages
 
+from vlm_grpo.data.rows import load_rows
 from vlm_grpo.models import SUPPORTED_MODEL_TYPES, get_model_family
-from vlm_grpo.rollout import load_rows
+from vlm_grpo.rollout.vllm.payload import warn_vllm_cpu_image_mask
 from vlm_grpo.testing import TINY_FAMILIES, tiny_family
-from vlm_grpo.vllm_payload import warn_vllm_cpu_image_mask
 
 FAMILIES = [name for name in TINY_FAMILIES if tiny_family(name).model_type in SUPPORTED_MODEL_TYPES]
 
@@ -58,7 +58,7 @@ def test_vllm_cpu_image_mask_warning(name, caplog):
     config = AutoConfig.for_model(tiny_family(name).model_type)
     family = get_model_family(config)
     bidirectional = family.bidirectional_image_attention(config)
-    with caplog.at_level(logging.WARNING, logger="vlm_grpo.vllm_payload"):
+    with caplog.at_level(logging.WARNING, logger="vlm_grpo.rollout.vllm.payload"):
         assert warn_vllm_cpu_image_mask(family, config, "cuda:0") is False
         assert warn_vllm_cpu_image_mask(family, config, "cpu") is bidirectional
     lines = [r.getMessage() for r in caplog.records]

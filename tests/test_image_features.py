@@ -10,7 +10,7 @@ from peft import LoraConfig
 from test_shared_prefix import G, rollout_batch
 
 from vlm_grpo import VLMGRPOTrainer
-from vlm_grpo.rollout import load_rows
+from vlm_grpo.data.rows import load_rows
 from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with
 
 

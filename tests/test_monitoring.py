@@ -8,7 +8,7 @@ import pytest
 from conftest import color_dataset, grpo_args, length_reward
 
 from vlm_grpo import VLMGRPOTrainer
-from vlm_grpo.commands.samples import read_samples, render_html
+from vlm_grpo.cli.samples import read_samples, render_html
 from vlm_grpo.testing import DEFAULT_FAMILY
 
 TIMINGS = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step"]

@@ -7,7 +7,7 @@ import torch
 from conftest import color_dataset, color_rows, grpo_args, length_reward
 
 from vlm_grpo import VLMGRPOTrainer
-from vlm_grpo.rollout import load_rows
+from vlm_grpo.data.rows import load_rows
 from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with, one_family_per_image_rule
 
 

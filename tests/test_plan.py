@@ -75,7 +75,7 @@ def test_parameter_counts_equal_the_instantiated_model(family_name, tiny_model):
 def test_lora_trainable_count_equals_peft(family_name, tiny_model):
     from peft import LoraConfig, get_peft_model
 
-    from vlm_grpo.adapters import language_linear_names, resolve_lora_config
+    from vlm_grpo.policy.adapters import language_linear_names, resolve_lora_config
 
     path = tiny_model(family_name)
     model, family, _ = meta_model(path)
@@ -90,7 +90,7 @@ def test_lora_trainable_count_equals_peft(family_name, tiny_model):
 
 
 def test_qlora_quantizes_the_linear_layers_bitsandbytes_converts(tiny_model):
-    from vlm_grpo.adapters import qlora_quantization_config
+    from vlm_grpo.policy.adapters import qlora_quantization_config
 
     path = tiny_model(DEFAULT_FAMILY)
     model, family, _ = meta_model(path)
@@ -137,7 +137,7 @@ def plan_command(*args: str) -> subprocess.CompletedProcess:
     """`vlm-grpo plan ARGS` run in this process from the repository's root: its exit status, stdout and stderr."""
     from test_cli import ROOT
 
-    from vlm_grpo.cli import main
+    from vlm_grpo.cli.main import main
 
     out, err, status = io.StringIO(), io.StringIO(), 0
     cwd = os.getcwd()
@@ -154,7 +154,7 @@ def plan_command(*args: str) -> subprocess.CompletedProcess:
 
 def parsed(model: str, **options):
     """`(training_args, model_args)` of a config with `options`, parsed as `vlm-grpo plan` parses a YAML."""
-    from vlm_grpo.commands.plan import training_options
+    from vlm_grpo.cli.plan import training_options
 
     return training_options("train.yaml", {"model_name_or_path": model, **options}, [])
 
@@ -225,7 +225,7 @@ def test_plan_of_a_local_folder_with_a_training_option_override(tiny_model, tmp_
 )
 def test_plan_refuses_bad_input_in_one_line(setup, message, tmp_path, capsys):
     """`vlm-grpo plan` (run in this process) exits with status 1 and writes one line naming what is wrong."""
-    from vlm_grpo.cli import main
+    from vlm_grpo.cli.main import main
 
     model = tmp_path / "model"
     model.mkdir()
@@ -252,8 +252,8 @@ def test_plan_refuses_bad_input_in_one_line(setup, message, tmp_path, capsys):
 def test_gradient_and_optimizer_terms_equal_a_real_adamw_step(lora, tiny_model):
     from peft import LoraConfig, get_peft_model
 
-    from vlm_grpo.adapters import language_linear_names, resolve_lora_config
     from vlm_grpo.planner.memory import Recipe, plan_memory
+    from vlm_grpo.policy.adapters import language_linear_names, resolve_lora_config
 
     path = tiny_model(a_family_with(image_rule="grid", besides=[DEFAULT_FAMILY]))
     model, family, _ = meta_model(path)
@@ -302,7 +302,7 @@ RECIPE_PEAK = re.compile(
     "recipe", sorted(p.name for p in (Path(__file__).parents[1] / "recipes").glob("*.yaml"))
 )
 def test_each_recipe_states_the_peak_the_planner_gives(recipe, capsys, monkeypatch):
-    from vlm_grpo.commands.plan import main
+    from vlm_grpo.cli.plan import main
 
     root = Path(__file__).parents[1]
     text = (root / "recipes" / recipe).read_text(encoding="utf-8")

@@ -44,7 +44,7 @@ def test_a_full_fine_tune_that_does_not_fit_is_told_what_makes_it_fit(tiny_model
 
 
 def test_the_7b_full_fine_tune_on_one_24_gib_gpu_is_told_what_fits(capsys, monkeypatch):
-    from vlm_grpo.commands.plan import main
+    from vlm_grpo.cli.plan import main
 
     monkeypatch.chdir(ROOT)
     main(["recipes/qwen2_5_vl_7b_geo3k.yaml", "--gpus", "1", "--gpu_memory", "24GiB"])

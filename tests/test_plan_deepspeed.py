@@ -112,7 +112,7 @@ def test_zero3_model_states_match_deepspeeds_estimator(fully_trainable, offload_
 
 def test_zero3_offload_keeps_no_gradient_on_the_gpu(fully_trainable):
     """local_scripts/zero3_offload.json: the gradient partitions live on the host, the GPU only reduces them."""
-    from vlm_grpo.commands.plan import read_deepspeed
+    from vlm_grpo.cli.plan import read_deepspeed
 
     path, _ = fully_trainable
     deepspeed = read_deepspeed(str(ROOT / "local_scripts" / "zero3_offload.json"))
@@ -143,7 +143,7 @@ def test_zero3_generation_gathers_every_weight_unless_told_not_to(fully_trainabl
 
 
 def test_the_30b_recipe_cannot_gather_its_weights_on_80_gib(capsys, monkeypatch):
-    from vlm_grpo.commands.plan import main
+    from vlm_grpo.cli.plan import main
 
     monkeypatch.chdir(ROOT)
     main(

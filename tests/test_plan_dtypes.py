@@ -20,7 +20,7 @@ def trainer_for(path: str, tmp_path, lora: bool, quantized: bool = False, **opti
     from peft import LoraConfig
 
     from vlm_grpo import VLMGRPOTrainer
-    from vlm_grpo.adapters import qlora_quantization_config
+    from vlm_grpo.policy.adapters import qlora_quantization_config
 
     args = grpo_args(tmp_path, model_init_kwargs={"dtype": "bfloat16"}, **options)
     extra = {"quantization_config": qlora_quantization_config(torch.bfloat16)} if quantized else {}

@@ -12,12 +12,12 @@ from PIL import Image
 from trl.data_utils import prepare_multimodal_messages
 
 from vlm_grpo import VLMGRPOTrainer, get_model_family
-from vlm_grpo.cli import main as cli_main
-from vlm_grpo.commands.export import export_merged
-from vlm_grpo.commands.plot import find_trainer_state, load_log_history, plot_run, plot_title
-from vlm_grpo.commands.samples import read_samples, render_html
+from vlm_grpo.cli.export import export_merged
+from vlm_grpo.cli.main import main as cli_main
+from vlm_grpo.cli.plot import find_trainer_state, load_log_history, plot_run, plot_title
+from vlm_grpo.cli.samples import read_samples, render_html
 from vlm_grpo.errors import VLMGRPOError
-from vlm_grpo.sample_log import samples_path, write_samples
+from vlm_grpo.runtime.sample_log import samples_path, write_samples
 from vlm_grpo.testing import DEFAULT_FAMILY
 
 # ------------------------------------------------------------------------------------------------------ plot
@@ -44,7 +44,7 @@ def test_plot_run_of_a_real_training_run(tiny_model, tmp_path):
 
 
 def test_plot_draws_the_held_out_curves_of_a_run_that_evaluated(tiny_model, tmp_path):
-    from vlm_grpo.commands.plot import curve_panels
+    from vlm_grpo.cli.plot import curve_panels
 
     trainer = VLMGRPOTrainer(
         model=tiny_model(DEFAULT_FAMILY),
@@ -65,7 +65,7 @@ def test_plot_draws_the_held_out_curves_of_a_run_that_evaluated(tiny_model, tmp_
         "length_reward": "rewards/length_reward/mean",
         "length_reward (held-out)": "eval_rewards/length_reward/mean",
     }
-    from vlm_grpo.commands.plot import curves_figure
+    from vlm_grpo.cli.plot import curves_figure
 
     figure = curves_figure(entries, "run")
     lines = {line.get_label(): line for ax in figure.axes for line in ax.get_lines()}
@@ -200,7 +200,7 @@ def test_sample_files_are_numbered_like_the_console_and_the_curves(tiny_model, t
 
 
 def test_samples_page_lists_the_newest_step_first(tmp_path):
-    from vlm_grpo.commands.samples import main as samples_main
+    from vlm_grpo.cli.samples import main as samples_main
 
     for step in (1, 2, 3):
         write_samples(samples_path(tmp_path, step), [_record(step, [])])
@@ -293,7 +293,7 @@ def test_export_refuses_a_missing_adapter(tiny_model, tmp_path, capsys):
 
 
 def test_panels_merge_and_accuracy_rewards_feed_the_accuracy_panel():
-    from vlm_grpo.commands.plot import curve_panels
+    from vlm_grpo.cli.plot import curve_panels
 
     one = [{"step": 1, "reward": 0.5, "rewards/iou/mean": 0.5, "completions/mean_length": 9.0}]
     titles = [title for _, title, _, _ in curve_panels(one)]
@@ -310,7 +310,7 @@ def test_panels_merge_and_accuracy_rewards_feed_the_accuracy_panel():
 
 
 def test_near_constant_series_are_drawn_flat():
-    from vlm_grpo.commands.plot import y_limits
+    from vlm_grpo.cli.plot import y_limits
 
     low, high = y_limits(0.5001, 0.5003)  # rounding noise around 0.5
     assert high - low >= 0.05 * 0.5 and low < 0.5001 and high > 0.5003
@@ -326,7 +326,7 @@ def test_grounding_samples_draw_the_solution_and_each_predicted_box(tmp_path):
     import io
     import re
 
-    from vlm_grpo.commands.samples import BOX_COLORS, SOLUTION_COLOR
+    from vlm_grpo.cli.samples import BOX_COLORS, SOLUTION_COLOR
 
     image_path = tmp_path / "rec.png"
     Image.new("RGB", (56, 56), (255, 255, 255)).save(image_path)
@@ -367,8 +367,8 @@ def test_samples_page_keeps_a_bounded_number_of_groups_and_small_images(tmp_path
 
     import numpy as np
 
-    from vlm_grpo.commands.samples import IMAGE_BYTES, MAX_GROUPS
-    from vlm_grpo.commands.samples import main as samples_main
+    from vlm_grpo.cli.samples import IMAGE_BYTES, MAX_GROUPS
+    from vlm_grpo.cli.samples import main as samples_main
 
     noise = np.random.default_rng(0).integers(100, 151, (112, 112, 3)).astype(np.uint8)
     Image.fromarray(noise).save(tmp_path / "noise.png")
@@ -400,7 +400,7 @@ def test_samples_page_keeps_a_bounded_number_of_groups_and_small_images(tmp_path
 
 def test_plot_draws_the_tool_calls_of_a_run_with_tools():
     """A run with tools logs `tools/*`: a panel shows the calls per completion and the failures per call."""
-    from vlm_grpo.commands.plot import curve_panels
+    from vlm_grpo.cli.plot import curve_panels
 
     entries = [
         {"step": s, "reward": 0.1 * s, "tools/call_frequency": 0.5 + 0.1 * s, "tools/failure_frequency": 0.0}
@@ -420,8 +420,8 @@ def test_samples_page_shows_a_strip_of_each_videos_frames(tmp_path):
     the videos as the dataset stores them."""
     from test_video import clip, decode_all, write_frames, write_video
 
-    from vlm_grpo.monitoring import sample_records
-    from vlm_grpo.video import preview_frames
+    from vlm_grpo.data.video_frames import preview_frames
+    from vlm_grpo.runtime.monitoring import sample_records
 
     file = write_video(tmp_path / "moves.mp4", clip("right", n=12))
     frames, _ = decode_all(file)

@@ -32,9 +32,9 @@ from dist_helpers import (
     write_data,
 )
 
-from vlm_grpo.checkpoints import is_complete, latest_checkpoint
-from vlm_grpo.preemption import EXIT_PREEMPTED, PreemptionCallback
+from vlm_grpo.runtime.preemption import EXIT_PREEMPTED, PreemptionCallback
 from vlm_grpo.testing import DEFAULT_FAMILY
+from vlm_grpo.trainer.checkpoints import is_complete, latest_checkpoint
 
 GATE_STEP = 2  # the signal lands inside the step that starts at global step 2: the run stops after step 3
 STOPPED = GATE_STEP + 1

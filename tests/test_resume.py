@@ -16,9 +16,9 @@ import torch
 from conftest import write_color_data, write_train_yaml
 from safetensors.torch import load_file
 
-from vlm_grpo.checkpoints import is_complete, latest_checkpoint, mark_complete, resolve_resume
 from vlm_grpo.demos import motion
 from vlm_grpo.testing import DEFAULT_FAMILY
+from vlm_grpo.trainer.checkpoints import is_complete, latest_checkpoint, mark_complete, resolve_resume
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,8 +117,8 @@ def test_resume_inside_a_generation_batch_is_exact(
     """steps_per_generation 2 with one micro-batch a step: the step-1 checkpoint falls inside a generation batch. It
     holds the buffered rollout, and a run resumed from it ends with the uninterrupted run's weights (TRL samples the
     batch again there, and ends elsewhere). With video records (MPEG-4 files), the buffered rollout holds video rows."""
-    from vlm_grpo.rollout_buffer import buffer_file
     from vlm_grpo.train import main as train_main
+    from vlm_grpo.trainer.rollout_buffer import buffer_file
 
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "length_reward.py").write_text(

@@ -26,13 +26,7 @@ from vlm_grpo.rewards import (
     math_accuracy,
     rec_format,
 )
-from vlm_grpo.rewards.text import (
-    answer_or_text,
-    completion_text,
-    find_box,
-    last_boxed,
-    strip_answer_tag,
-)
+from vlm_grpo.rewards.text import answer_or_text, completion_text, find_box, last_boxed, strip_answer_tag
 
 
 def conv(text: str) -> list[dict]:

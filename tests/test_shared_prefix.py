@@ -16,9 +16,9 @@ from transformers import GenerationConfig
 from trl.trainer.utils import pad
 
 from vlm_grpo import VLMGRPOTrainer
-from vlm_grpo.rollout import load_rows
-from vlm_grpo.shared_prefix import find_groups, shared_prefix_generate, shuffle_batch
-from vlm_grpo.sharing_plan import FULL_ROWS, SharingPlan, SharingPolicy, sharing_pays
+from vlm_grpo.data.rows import load_rows
+from vlm_grpo.policy.shared_prefix import find_groups, shared_prefix_generate, shuffle_batch
+from vlm_grpo.policy.sharing_plan import FULL_ROWS, SharingPlan, SharingPolicy, sharing_pays
 from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with, families_with
 
 G = 3  # completions per prompt in the hand-built batches
@@ -372,7 +372,7 @@ def test_generation_options_that_need_full_rows(case, tiny_model, tmp_path, capl
             _seen.extend(c[0]["content"] for c in completions)
             return length_reward(completions)
 
-        with caplog.at_level(logging.INFO, logger="vlm_grpo.trainer"):
+        with caplog.at_level(logging.INFO, logger="vlm_grpo.trainer.trainer"):
             trainer = VLMGRPOTrainer(
                 model=tiny_model(DEFAULT_FAMILY),
                 reward_funcs=reward,
@@ -393,7 +393,7 @@ def test_generation_options_that_need_full_rows(case, tiny_model, tmp_path, capl
 def test_generation_obstacles_come_from_the_merged_config():
     from transformers import GenerationConfig
 
-    from vlm_grpo.sharing_plan import generation_obstacle
+    from vlm_grpo.policy.sharing_plan import generation_obstacle
 
     assert generation_obstacle(GenerationConfig(do_sample=True)) is None
     assert generation_obstacle(GenerationConfig(do_sample=False, max_new_tokens=4)) is None
@@ -441,16 +441,16 @@ def test_evaluation_leaves_the_buffered_training_plan(tiny_model, tmp_path, monk
 
     Training groups of 2 share (`auto`); the evaluation's groups of 1 save nothing and run full rows.
     """
-    import vlm_grpo.trainer
+    import vlm_grpo.trainer.trainer
 
     calls = []
-    original = vlm_grpo.trainer.shared_prefix_logps
+    original = vlm_grpo.trainer.trainer.shared_prefix_logps
 
     def shared(*args, **kwargs):
         calls.append(torch.is_grad_enabled())
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(vlm_grpo.trainer, "shared_prefix_logps", shared)
+    monkeypatch.setattr(vlm_grpo.trainer.trainer, "shared_prefix_logps", shared)
     trainer = VLMGRPOTrainer(
         model=tiny_model(DEFAULT_FAMILY),
         reward_funcs=length_reward,

@@ -1,4 +1,4 @@
-"""How a process of a multi-process run ends (`vlm_grpo.shutdown`): what a normal exit runs still runs.
+"""How a process of a multi-process run ends (`vlm_grpo.runtime.shutdown`): what a normal exit runs still runs.
 
 The 2-process runs of `test_distributed.py` and `test_resume.py` end through it (they fail on "terminate called" in
 their logs); these tests check, in a subprocess, what it must keep from a normal exit.
@@ -14,7 +14,7 @@ from pathlib import Path
 SCRIPT = """
 import atexit, logging, sys, threading, time
 from pathlib import Path
-from vlm_grpo.shutdown import exit_process
+from vlm_grpo.runtime.shutdown import exit_process
 
 out = Path(sys.argv[1])
 atexit.register(lambda: (out / "atexit").write_text("ran"))
@@ -55,7 +55,7 @@ def test_exit_process_status_zero(tmp_path):
 
 
 def test_finish_processes_without_a_process_group_is_a_no_op():
-    from vlm_grpo.shutdown import finish_processes
+    from vlm_grpo.runtime.shutdown import finish_processes
 
     released = []
     assert finish_processes(lambda: released.append(True)) is False

@@ -20,10 +20,10 @@ from trl import GRPOConfig, GRPOTrainer
 
 from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer, get_model_family
 from vlm_grpo.errors import VLMGRPOError
-from vlm_grpo.shared_prefix import find_groups
-from vlm_grpo.sharing_plan import FULL_ROWS, SharingPolicy
+from vlm_grpo.policy.image_rows import prompt_images
+from vlm_grpo.policy.shared_prefix import find_groups
+from vlm_grpo.policy.sharing_plan import FULL_ROWS, SharingPolicy
 from vlm_grpo.testing import a_family_with, families_with, tiny_family
-from vlm_grpo.tool_rollout import prompt_images
 from vlm_grpo.trl_options import TOOL_TEMPLATE_MESSAGE
 
 TOOLS_FAMILY = a_family_with(tool_calls=True)
@@ -566,7 +566,7 @@ def test_dynamic_sampling_and_the_samples_log_with_tools(tools_model, tmp_path):
     for i, row in enumerate(batch["image_inputs"]):  # a row with a tool result holds the tool's image too
         assert (row["image_grid_thw"].size(0) == 2) == bool(tool_rows[i])
     trainer.train()
-    from vlm_grpo.commands.samples import read_samples
+    from vlm_grpo.cli.samples import read_samples
 
     texts = [t for r in read_samples(tmp_path) for t in r["completions"]]
     assert any("zoom(" in t and "[zoom -> [image] quarter 2]" in t for t in texts), texts
@@ -575,7 +575,7 @@ def test_dynamic_sampling_and_the_samples_log_with_tools(tools_model, tmp_path):
 def test_a_checkpoint_holds_the_multi_turn_rollout(tools_model, tmp_path):
     """The buffered micro-batches of a tool rollout (tool masks, rows with their own image inputs) come back from a
     checkpoint as they were, rows of a group still sharing one image dict."""
-    from vlm_grpo.rollout_buffer import load_rollout, save_rollout
+    from vlm_grpo.trainer.rollout_buffer import load_rollout, save_rollout
 
     trainer = zoom_rollout_trainer(tools_model, tmp_path)
     batch = trainer._generate_and_score_completions(two_groups())
@@ -604,7 +604,7 @@ def test_a_tool_result_past_the_completion_budget_is_rolled_back_with_one_log_li
     """A tool image that would push the row past max_completion_length is dropped and the row ends on its call, as
     TRL does; the trainer says so in one line."""
     trainer = zoom_rollout_trainer(tools_model, tmp_path, max_completion_length=40)
-    with caplog.at_level("INFO", logger="vlm_grpo.trainer"):
+    with caplog.at_level("INFO", logger="vlm_grpo.trainer.trainer"):
         batch = trainer._generate_and_score_completions(two_groups())
     completions = list(trainer._logs["completion"])
     called = [c for c in completions if c[-1].get("tool_calls")]

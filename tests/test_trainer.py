@@ -91,7 +91,7 @@ def test_qlora_trains_4bit_model_on_cpu(tiny_model, tmp_path):
     pytest.importorskip("bitsandbytes")
     from peft import LoraConfig
 
-    from vlm_grpo.adapters import qlora_quantization_config
+    from vlm_grpo.policy.adapters import qlora_quantization_config
 
     args = grpo_args(tmp_path, model_init_kwargs={"quantization_config": qlora_quantization_config()})
     trainer = VLMGRPOTrainer(

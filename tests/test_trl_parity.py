@@ -31,9 +31,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer, get_model_family
 from vlm_grpo.errors import VLMGRPOError
-from vlm_grpo.rollout import is_truncated
+from vlm_grpo.rollout.batch import is_truncated
 from vlm_grpo.testing import DEFAULT_FAMILY, a_family_with, families_with, tiny_family
-from vlm_grpo.trainer_setup import trl_view_of
+from vlm_grpo.trainer.setup import trl_view_of
 
 COMMON = dict(
     max_steps=2,
@@ -319,7 +319,7 @@ def test_chat_template_kwargs_reach_the_training_prompt(qwen, tmp_path):
     thinking_off = VLMGRPOTrainer(
         path, length_reward, args=kwargs, train_dataset=color_dataset(4), processing_class=processor
     )
-    from vlm_grpo.rollout import load_rows
+    from vlm_grpo.data.rows import load_rows
 
     ids_plain = plain._encode_prompts(load_rows(rows))[0].input_ids
     ids_off = thinking_off._encode_prompts(load_rows(rows))[0].input_ids
@@ -332,8 +332,8 @@ def test_chat_template_kwargs_reach_the_training_prompt(qwen, tmp_path):
 
 def test_chat_template_kwargs_reach_the_vllm_prompt(qwen):
     """The vLLM payload renders prompts with the same `chat_template_kwargs` as the training prompts."""
-    from vlm_grpo.rollout import load_rows
-    from vlm_grpo.vllm_payload import build_vllm_payload
+    from vlm_grpo.data.rows import load_rows
+    from vlm_grpo.rollout.vllm.payload import build_vllm_payload
 
     path, processor, _ = qwen
     rows, family = load_rows(color_rows(2)), get_model_family(path)
@@ -592,7 +592,8 @@ def test_vllm_sampling_logps_are_kept(qwen, tmp_path):
         train_dataset=color_dataset(4),
         processing_class=processor,
     )
-    from vlm_grpo.rollout import Sampled, load_rows
+    from vlm_grpo.data.rows import load_rows
+    from vlm_grpo.rollout.batch import Sampled
 
     encoded = trainer._encode_prompts(load_rows(color_rows(2)))
     sampled = Sampled(color_rows(2), encoded, [[5, 6, 7], [5]], [[-0.1, None, -0.3], [-0.5]], [], False)

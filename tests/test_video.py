@@ -429,7 +429,7 @@ def test_a_family_without_video_is_refused_at_construction(family, tiny_model, t
 
 
 def test_training_yaml_sets_video_sampling(tiny_model, tmp_path):
-    from vlm_grpo.trainer_setup import load_policy
+    from vlm_grpo.trainer.setup import load_policy
 
     args = grpo_args(tmp_path, video_fps=1.0, video_max_frames=6, video_max_pixels=4 * 56 * 56)
     family = get_model_family(tiny_model(VIDEO_FAMILIES[0]))
@@ -446,7 +446,7 @@ def test_video_max_frames_caps_the_frames_sampled_from_a_file(family, tiny_model
     """A 10-second file at `video_fps: 2` gives 20 frames, or `video_max_frames` where it is set (each family's video
     processor caps in its own way; `configure_video` maps the option onto it, or refuses it in one line where the
     processor caps nothing)."""
-    from vlm_grpo.video import decode_video
+    from vlm_grpo.data.video_frames import decode_video
 
     file = write_video(tmp_path / "long.mp4", clip("right", n=10 * FPS))
     path = tiny_model(family)

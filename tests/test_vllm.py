@@ -2,7 +2,7 @@
 
 Each family runs in a fresh process (`vllm_worker.py`): one vLLM engine per family, built by TRL inside the trainer's
 process, serves every check of that family. On CPU, the trainer keeps vLLM's linear weights plain so that TRL's
-weight sync can load (`vlm_grpo.vllm_cpu`); everything else is the real vLLM and TRL. Run with
+weight sync can load (`vlm_grpo.rollout.vllm.cpu`); everything else is the real vLLM and TRL. Run with
 `make test-vllm` (vLLM's CPU backend in `.venv-vllm`), or `pytest -m vllm` where vLLM is installed. Server mode
 (`trl vllm-serve`) is tested in `test_vllm_server.py`.
 """
@@ -175,7 +175,9 @@ def test_importance_sampling_reads_vllm_logps(shape, family_run):
         assert math.exp(-4 * tolerance) < low <= mean <= high < math.exp(4 * tolerance)
         assert not low == high == 1.0  # from vLLM's own log-probs, not the trainer's
         assert math.isfinite(log["loss"]) and log["grad_norm"] > 0
-    assert "Invalid process group" not in result["stderr"]  # vLLM's finalizer at exit (see vlm_grpo.shutdown)
+    assert (
+        "Invalid process group" not in result["stderr"]
+    )  # vLLM's finalizer at exit (see vlm_grpo.runtime.shutdown)
 
 
 def test_lora_adapter_reaches_vllm(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vlm_grpo.errors import VLMGRPOError
-from vlm_grpo.vllm_correction import MODES, importance_sampling_ratio, local_statistics
+from vlm_grpo.trainer.vllm_correction import MODES, importance_sampling_ratio, local_statistics
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, 0.0]])  # [B=2, C=3]
 SAMPLING = torch.tensor([[-1.5, -1.0, float("nan")], [-0.2, -0.5, 0.0]])

@@ -11,17 +11,10 @@ from test_video import VIDEO_FAMILIES, video_rows
 from transformers import AutoConfig
 from trl.data_utils import prepare_multimodal_messages
 
+from vlm_grpo.data.rows import load_rows
 from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.models import get_model_family
-from vlm_grpo.rollout import load_rows
-from vlm_grpo.testing import (
-    DEFAULT_FAMILY,
-    a_family_with,
-    families_with,
-    one_family_per_image_rule,
-    tiny_family,
-)
-from vlm_grpo.vllm_payload import (
+from vlm_grpo.rollout.vllm.payload import (
     VLLM_CPU_HEAD_DIMS,
     build_vllm_payload,
     check_vllm_cpu_attention,
@@ -29,6 +22,13 @@ from vlm_grpo.vllm_payload import (
     vllm_generate_kwargs,
     vllm_history_prompts,
     vllm_prompt_inputs,
+)
+from vlm_grpo.testing import (
+    DEFAULT_FAMILY,
+    a_family_with,
+    families_with,
+    one_family_per_image_rule,
+    tiny_family,
 )
 
 
@@ -226,7 +226,7 @@ def test_cpu_head_dims_are_the_installed_vllms():
 def test_a_video_goes_to_vllm_as_the_frames_the_trainer_samples(family, tiny_model, tmp_path):
     """One video placeholder per video in the ids; the frames and metadata are what the trainer's processor decodes,
     marked as sampled; `fps` for vLLM's processor is the sampled rate the trainer gives its own."""
-    from vlm_grpo.video import decode_video
+    from vlm_grpo.data.video_frames import decode_video
 
     module = get_model_family(tiny_model(family))
     processor = module.load_processor(tiny_model(family))

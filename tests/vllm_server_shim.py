@@ -25,7 +25,7 @@ Everything else is the real code: TRL's client and its HTTP calls, `trl vllm-ser
 development endpoints, vLLM's worker-side `NCCLWeightTransferEngine` (update info, layerwise reload, the model's
 `load_weights`), TRL's weight metadata and iteration, and generation. On a GPU nothing is patched.
 
-The server side also gets `vlm_grpo.vllm_cpu` (linear layers keep plain weights: without it the sync completes, but the
+The server side also gets `vlm_grpo.rollout.vllm.cpu` (linear layers keep plain weights: without it the sync completes, but the
 server's log-probs do not follow the synced weights). `install_server` is a vLLM general plugin (entry point group
 `vllm.general_plugins`), which vLLM loads in each of its processes (API server, engine core, workers): the test starts
 `trl vllm-serve` with `plugin_path(folder)` on `PYTHONPATH`, a folder holding only the entry point's metadata. The
@@ -190,7 +190,7 @@ def install_client() -> bool:
 
 
 def install_server() -> None:
-    """vLLM general plugin, in each of the server's processes: `vlm_grpo.vllm_cpu` and the gloo transport of the
+    """vLLM general plugin, in each of the server's processes: `vlm_grpo.rollout.vllm.cpu` and the gloo transport of the
     worker's `NCCLWeightTransferEngine`. Does nothing off CPU."""
     from vllm.platforms import current_platform
 
@@ -198,7 +198,7 @@ def install_server() -> None:
         return
     import vllm.distributed.weight_transfer.nccl_engine as engine
 
-    from vlm_grpo.vllm_cpu import keep_linear_weights_plain
+    from vlm_grpo.rollout.vllm.cpu import keep_linear_weights_plain
 
     keep_linear_weights_plain()
     engine.worker_init_process_group = worker_init_process_group

@@ -54,7 +54,7 @@ def trainer_logps(trainer, encoded, completion: list[int], causal_images: bool =
 
 def vllm_attends_images_causally() -> bool:
     """Whether vLLM attends causally over image tokens whatever the model's mask: its CPU attention has no
-    multimodal-prefix mask (see `vlm_grpo.vllm_payload.warn_vllm_cpu_image_mask`)."""
+    multimodal-prefix mask (see `vlm_grpo.rollout.vllm.payload.warn_vllm_cpu_image_mask`)."""
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
@@ -154,10 +154,10 @@ def video_main(shape: str, out: Path) -> None:
     from trl.data_utils import prepare_multimodal_messages
 
     from vlm_grpo import VLMGRPOTrainer
-    from vlm_grpo.rollout import load_rows
-    from vlm_grpo.shutdown import exit_process, finish_processes
+    from vlm_grpo.data.rows import load_rows
+    from vlm_grpo.rollout.vllm.payload import build_vllm_payload, vllm_prompt_inputs
+    from vlm_grpo.runtime.shutdown import exit_process, finish_processes
     from vlm_grpo.testing import build_tiny_model
-    from vlm_grpo.vllm_payload import build_vllm_payload, vllm_prompt_inputs
 
     path = build_tiny_model(shape, out / "model", hidden_size=256)
     (out / "media").mkdir(parents=True, exist_ok=True)
@@ -225,11 +225,11 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     from trl.data_utils import prepare_multimodal_messages
 
     from vlm_grpo import VLMGRPOTrainer
+    from vlm_grpo.data.rows import load_rows
     from vlm_grpo.errors import VLMGRPOError
-    from vlm_grpo.rollout import load_rows
-    from vlm_grpo.shutdown import exit_process, finish_processes
+    from vlm_grpo.rollout.vllm.payload import build_vllm_payload, vllm_prompt_inputs
+    from vlm_grpo.runtime.shutdown import exit_process, finish_processes
     from vlm_grpo.testing import build_tiny_model
-    from vlm_grpo.vllm_payload import build_vllm_payload, vllm_prompt_inputs
 
     lora, dist, server = mode == "lora", mode == "dist", mode == "server"
     result_file = out / (f"result{os.environ['RANK']}.json" if dist else "result.json")  # torchrun's RANK

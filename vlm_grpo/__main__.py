@@ -1,5 +1,5 @@
 """`python -m vlm_grpo COMMAND ...` is the same as `vlm-grpo COMMAND ...`."""
 
-from .cli import main
+from .cli.main import main
 
 main()

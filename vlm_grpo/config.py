@@ -46,10 +46,10 @@ class VLMGRPOConfig(GRPOConfig):
             its KV cache across the G completions, in generation and in every log-prob pass (old, reference,
             policy). Exact: log-probs match full forwards within float rounding. `"true"` always, `"false"` never,
             `"auto"` per generation batch when the prompt tokens it saves are a large enough share of the pass to
-            pay for its second forward call (see `vlm_grpo.sharing_plan.sharing_pays`). Works with (non-reentrant)
+            pay for its second forward call (see `vlm_grpo.policy.sharing_plan.sharing_pays`). Works with (non-reentrant)
             gradient checkpointing; with `use_reentrant: true` the policy's training forward runs full rows.
         fast_generation (`str`, defaults to `"auto"`): transformers' `generate` decodes from a static (preallocated)
-            KV cache with a compiled decoding step (see `vlm_grpo.fast_generation`): `"true"` wherever it can run,
+            KV cache with a compiled decoding step (see `vlm_grpo.rollout.fast_generation`): `"true"` wherever it can run,
             `"false"` never, `"auto"` where it was measured to pay (no device yet: the CPU was measured no faster,
             GPUs not yet). Same tokens for the same
             random draws; compiling costs time on the first steps and on each new batch size.
@@ -61,7 +61,7 @@ class VLMGRPOConfig(GRPOConfig):
             rollouts.
         dynamic_sampling (`bool`, defaults to False): drop the groups whose advantages are all zero (they teach
             nothing) and sample fresh prompts until the generation batch holds its number of informative groups, as
-            DAPO does (see `vlm_grpo.dynamic_sampling`).
+            DAPO does (see `vlm_grpo.rollout.dynamic_sampling`).
         dynamic_sampling_max_rounds (`int`, defaults to 3): most extra generation rounds per generation batch.
         dynamic_sampling_at_cap (`str`, defaults to `"fill"`): when the extra rounds are spent and groups are still
             missing: `"error"` stops with a one-line error, as DAPO's reference does; `"fill"` completes the batch

@@ -12,7 +12,7 @@ A key or flag that names no field is an error, reported before any other check, 
 
 Exit status: 0 when training finished, 1 on bad input (one line, see `vlm_grpo.errors`), 75 (`EXIT_PREEMPTED`)
 when SIGTERM or SIGUSR1 stopped the run after a complete checkpoint (resume with `--resume_from_checkpoint true`;
-see `vlm_grpo.preemption`).
+see `vlm_grpo.runtime.preemption`).
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .checkpoints import checkpoint_step, resolve_resume
+from .cli.train_options import read_options, short_help
 from .dotted import import_dotted
 from .errors import EXIT_USER_ERROR, VLMGRPOError, did_you_mean, one_line, run_cli
 from .rewards import build_rewards
-from .train_options import read_options, short_help
+from .trainer.checkpoints import checkpoint_step, resolve_resume
 
 if TYPE_CHECKING:  # torch, TRL and transformers are imported when a command needs them (see `parse_args`)
     from trl import TrlParser
 
     from .config import VLMGRPOConfig, VLMModelConfig
-    from .trainer import VLMGRPOTrainer
+    from .trainer.trainer import VLMGRPOTrainer
 
 logger = logging.getLogger("vlm_grpo")
 
@@ -83,7 +83,7 @@ def model_init_kwargs(model_args: VLMModelConfig) -> dict[str, Any]:
     """`from_pretrained` keyword arguments from the model config (QLoRA: NF4 weights, bf16 compute)."""
     import torch
 
-    from .adapters import qlora_quantization_config
+    from .policy.adapters import qlora_quantization_config
 
     kwargs: dict[str, Any] = {"revision": model_args.model_revision, "dtype": model_args.dtype}
     if model_args.attn_implementation is not None:
@@ -152,7 +152,7 @@ def read_config(path: str) -> dict[str, Any]:
 
 def parser_options(parser: TrlParser) -> dict[str, Any]:
     """The parser's YAML keys, flags, help texts, defaults and our own options in order, as
-    `vlm_grpo.train_options.read_options` reads them from the source."""
+    `vlm_grpo.cli.train_options.read_options` reads them from the source."""
     actions = [a for a in parser._actions if a.dest != "help"]
     own_group = [
         g for g in parser._action_groups if g.title and g.title.startswith(("what to", "vision-language"))
@@ -224,12 +224,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, VLMGRPOC
 
 def check_vllm_model(model_args: VLMModelConfig, training_args: VLMGRPOConfig) -> None:
     """With `use_vllm` on a CPU, refuse a local model whose head dims vLLM's CPU backend cannot run, before anything
-    loads (`vlm_grpo.vllm_payload.check_vllm_cpu_attention`). A hub id is left to vLLM: published checkpoints use
+    loads (`vlm_grpo.rollout.vllm.payload.check_vllm_cpu_attention`). A hub id is left to vLLM: published checkpoints use
     head dims it runs, and reading their config here would mean a download before the other checks."""
     from transformers import AutoConfig
 
     from .models import get_model_family
-    from .vllm_payload import check_vllm_cpu_attention
+    from .rollout.vllm.payload import check_vllm_cpu_attention
 
     path = Path(model_args.model_name_or_path)
     if (path / "config.json").is_file():
@@ -264,7 +264,7 @@ class Early:
 def read_early(argv: list[str] | None) -> Early:
     """Read the YAML and flags, print the help or the usage, and check every input that needs no heavy import.
 
-    The options come from `vlm_grpo.train_options.read_options` (read from the source in milliseconds); only when it
+    The options come from `vlm_grpo.cli.train_options.read_options` (read from the source in milliseconds); only when it
     cannot read them does `--help` build the real parser, and the key and flag checks wait for `parse_args`.
 
     Raises:
@@ -366,14 +366,14 @@ def run(
     """Train with parsed arguments and save the model (or adapter) and processor to `output_dir`.
 
     With `compact_console` (the command line), each logging step prints one line instead of the metrics dict (see
-    `vlm_grpo.console`). `datasets` are passed on to `build_trainer`.
+    `vlm_grpo.runtime.console`). `datasets` are passed on to `build_trainer`.
 
     SIGTERM and SIGUSR1 are handled while this runs (the previous handlers are restored after): the run finishes
     its optimizer step, writes a complete checkpoint and returns without saving a final model;
-    `preempted_step(trainer.callback_handler.callbacks)` then gives the step (see `vlm_grpo.preemption`).
+    `preempted_step(trainer.callback_handler.callbacks)` then gives the step (see `vlm_grpo.runtime.preemption`).
     """
-    from .console import use_compact_console
-    from .preemption import PreemptionCallback
+    from .runtime.console import use_compact_console
+    from .runtime.preemption import PreemptionCallback
 
     # Parsing built `training_args`, which set up the process group (its DeepSpeed config uses the world size);
     # DeepSpeed must see that group before the model is loaded under ZeRO-3.
@@ -411,7 +411,7 @@ def build_trainer(
     from trl import get_peft_config
 
     from .data import load_data_config
-    from .trainer import VLMGRPOTrainer
+    from .trainer.trainer import VLMGRPOTrainer
 
     key = (script_args.data_config, script_args.eval_data_config, training_args.seed)
     if datasets is not None and datasets[0] == key:
@@ -471,10 +471,10 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     datasets = read_datasets(read_early(argv))  # bad input is named before the heavy libraries load
     args = parse_args(argv)
-    from .console import closing_summary
-    from .notices import quiet_third_party
-    from .preemption import EXIT_PREEMPTED, preempted_step
-    from .shutdown import exit_process, finish_processes
+    from .runtime.console import closing_summary
+    from .runtime.notices import quiet_third_party
+    from .runtime.preemption import EXIT_PREEMPTED, preempted_step
+    from .runtime.shutdown import exit_process, finish_processes
 
     quiet_third_party()
     trainer = run(*args, compact_console=True, datasets=datasets)
@@ -493,7 +493,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     status = 0 if step is None else EXIT_PREEMPTED
     if several_processes:
-        exit_process(status)  # see `vlm_grpo.shutdown`: no interpreter finalization after a process group
+        exit_process(
+            status
+        )  # see `vlm_grpo.runtime.shutdown`: no interpreter finalization after a process group
     if status:
         raise SystemExit(status)
 

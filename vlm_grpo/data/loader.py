@@ -7,7 +7,7 @@ Each row has the columns
 * `images` (list of PIL images): decoded lazily to RGB on access; `[]` for text-only rows;
 * `image_paths` (list of str): resolved absolute paths, `""` for images embedded in the data file;
 * `videos` (list of `{"path", "frames"}`): each video's resolved file path, or its frame files' paths; `[]` for rows
-  without video (decoded when a row is encoded, see `vlm_grpo.video`);
+  without video (decoded when a row is encoded, see `vlm_grpo.data.video_frames`);
 * `solution` (str): the reference solution (non-string values as JSON text);
 * `source` (str): the entry's `name`, else its data path as written in the YAML file;
 * `problem` (str) and every other field of the records, `None` where an entry lacks it.

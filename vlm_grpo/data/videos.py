@@ -4,7 +4,7 @@ A record's video is a path string (a video file, absolute or relative to the ent
 strings (the video's frames, in order, already sampled). The `video` field holds one video; `videos` holds a list of
 them. Checking opens each video file with PyAV and decodes its first frame (and checks each frame file as an image),
 so that a missing, unreadable or empty video stops the loader with one line naming it; the frames a prompt uses are
-decoded later, when its row is encoded (`vlm_grpo.video`).
+decoded later, when its row is encoded (`vlm_grpo.data.video_frames`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ tiny Qwen2-VL (`demo_model`), evaluate (`evaluate_stage`), warm-start (`warm_sta
 task has a warm start, train with GRPO (`train_grpo`), evaluate, and draw the training curves and the samples
 page of the GRPO run (`finish`).
 
-SIGTERM or SIGUSR1 stops a demo as it stops `vlm-grpo train` (see `vlm_grpo.preemption`): a training stage (warm
+SIGTERM or SIGUSR1 stops a demo as it stops `vlm-grpo train` (see `vlm_grpo.runtime.preemption`): a training stage (warm
 start or GRPO) finishes its step, writes a checkpoint and stops; any other stage finishes first. `run_task` then
 raises `Preempted`, saying where the last checkpoint (or saved model) is, instead of going on to a stage that needs
 what the stopped one did not write.
@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..commands.evaluate import evaluate
-from ..commands.plot import plot_run
-from ..commands.samples import render_html
+from ..cli.evaluate import evaluate
+from ..cli.plot import plot_run
+from ..cli.samples import render_html
 from ..config import VLMGRPOConfig, VLMModelConfig
 from ..data import load_data_config
-from ..preemption import Preempted, PreemptionCallback, preempted_step
+from ..runtime.preemption import Preempted, PreemptionCallback, preempted_step
 from ..testing import ROLE_WORDS
 from ..testing.qwen import build_qwen
 from ..train import ScriptArguments, run
@@ -78,7 +78,7 @@ def evaluate_stage(
         label (`str`): the stage, for the printed line (`"start"`, `"after warm start"`, ...).
 
     Returns:
-        `dict`: the report of `vlm_grpo.commands.evaluate.evaluate` plus `seconds`.
+        `dict`: the report of `vlm_grpo.cli.evaluate.evaluate` plus `seconds`.
     """
     start = time.perf_counter()
     report = evaluate(

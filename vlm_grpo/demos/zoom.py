@@ -167,7 +167,7 @@ def run_zoom(
         `Preempted`: SIGTERM or SIGUSR1 stopped the demo; the message says where the last checkpoint is.
     """
     from ..data import load_data_config
-    from ..preemption import PreemptionCallback
+    from ..runtime.preemption import PreemptionCallback
     from .common import _stop_if_signalled, finish, grpo_config, train_grpo
     from .multi_turn import warm_start_conversations
 

@@ -22,9 +22,9 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, PreTrainedModel, ProcessorMixin
 from trl.chat_template_utils import parse_response
 
+from ..data.video_frames import decode_video, processor_video_kwargs, video_name
 from ..device import resolve_attn_implementation, resolve_dtype
 from ..errors import VLMGRPOError
-from ..video import decode_video, processor_video_kwargs, video_name
 
 REASONING_OPEN = "<think>"
 """The tag that opens a reasoning block in the chat templates that write one."""
@@ -84,7 +84,7 @@ class ModelFamily:
         prompt_image_token_attr (`str`): the processor attribute naming the token the chat template writes once per
             image, before the processor expands it (vLLM expands it itself).
         indexable_cache (`bool`): whether the family's cache can be indexed from groups to rows exactly (see
-            `vlm_grpo.shared_prefix`); a family whose layers keep other state sets False and runs full rows.
+            `vlm_grpo.policy.shared_prefix`); a family whose layers keep other state sets False and runs full rows.
     """
 
     model_types: ClassVar[tuple[str, ...]] = ()
@@ -370,7 +370,7 @@ class ModelFamily:
                 `{"enable_thinking": False}`), as TRL's `chat_template_kwargs`.
             videos (`Sequence[dict] | None`, defaults to None): the videos as the dataset stores them
                 (`{"path", "frames"}`), in placeholder order; decoded here with the processor's frame sampling
-                (`vlm_grpo.video.decode_video`).
+                (`vlm_grpo.data.video_frames.decode_video`).
         """
         text = processor.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
@@ -512,7 +512,7 @@ class ModelFamily:
             image_inputs (`Sequence[dict]`): the per-sample image tensors of the same B samples, in order.
             causal_images (`bool`, *optional*, defaults to `False`): attend causally over image tokens where the
                 model attends bidirectionally among them (`bidirectional_image_attention`), as vLLM's CPU attention
-                does (see `vlm_grpo.vllm_payload.warn_vllm_cpu_image_mask`).
+                does (see `vlm_grpo.rollout.vllm.payload.warn_vllm_cpu_image_mask`).
         """
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         images = self.collate(image_inputs)

@@ -148,7 +148,7 @@ def plan_config(
     model = build_on_meta(family, config, dtype)
     lora_targets = None
     if model_args.use_peft:
-        from ..adapters import language_linear_names
+        from ..policy.adapters import language_linear_names
 
         targets = model_args.lora_target_modules
         patterns = None if targets in (None, "all-linear", ["all-linear"]) else list(targets)
@@ -169,7 +169,7 @@ def plan_config(
         from peft import get_peft_model
         from trl import get_peft_config
 
-        from ..adapters import resolve_lora_config
+        from ..policy.adapters import resolve_lora_config
 
         lora = resolve_lora_config(get_peft_config(model_args), model, family)
         model = get_peft_model(model, lora, autocast_adapter_dtype=recipe.adapter_bytes == 4).base_model.model

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import GenerationConfig
 
-from ..sharing_plan import PASSES, SharingPolicy
+from ..policy.sharing_plan import PASSES, SharingPolicy
 
 if TYPE_CHECKING:
     from .plan import Recipe

@@ -32,14 +32,7 @@ from transformers import (
     Qwen3VLVideoProcessor,
 )
 
-from ._common import (
-    TAG_TOKENS,
-    BuildOptions,
-    check_sizes,
-    round_to_multiple,
-    save_tiny,
-    token_id,
-)
+from ._common import TAG_TOKENS, BuildOptions, check_sizes, round_to_multiple, save_tiny, token_id
 from .expectations import TinyFamily
 from .qwen import (
     QWEN3_5_LAYOUT,
