@@ -4,12 +4,13 @@ more GPUs, LoRA and QLoRA.
 Settings that leave the model as it is (checkpointing, batch, beta, completion length, vLLM, the optimizer,
 DeepSpeed, GPUs) are planned again from the same counts with `plan_memory`, so the prompt-sharing decision is taken
 again too (ZeRO-3 changes it). LoRA and QLoRA change what trains and what the layers save, so they are planned from
-the config again with `plan_config`, when the config does not fit. Changes that do not lower the peak are left out;
-the rest are listed lowest peak first, each saying whether it fits.
+the config again with the caller's `replan` (`plan_config` with other model options), when the config does not fit.
+Changes that do not lower the peak are left out; the rest are listed lowest peak first, each saying whether it fits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -93,20 +94,16 @@ def _more_gpus(recipe: Recipe, fits: Any) -> tuple[str, Recipe] | None:
     return f"{chosen.processes} GPUs in all with ZeRO-3 (--deepspeed {config}{gather})", chosen
 
 
-def advise(
-    planned: Any, training_args: Any, model_args: Any, gpu_memory: int, options: dict[str, Any]
-) -> list[Advice]:
+def advise(planned: Any, model_args: Any, gpu_memory: int, replan: Callable[[Any], Any]) -> list[Advice]:
     """The changes that lower `planned`'s peak, each with its planned peak, lowest first.
 
     Args:
         planned (`Planned`): the plan of the config as it is.
-        training_args (`VLMGRPOConfig`): its training options.
         model_args (`VLMModelConfig`): its model options.
         gpu_memory (`int`): bytes of one GPU.
-        options (`dict`): the other keyword arguments of `plan_config` (image size, prompt text, device).
+        replan (`Callable[[VLMModelConfig], Planned]`): the plan of the same config (training options, GPUs,
+            DeepSpeed, images, prompt text, device) with other model options; LoRA and QLoRA are planned with it.
     """
-    from .report import plan_config
-
     recipe, params, costs = planned.recipe, planned.params, planned.costs
 
     def peak_of(changed: Recipe) -> int:
@@ -117,7 +114,6 @@ def advise(
     if more is not None:
         changes.append(more)
     advice = [Advice(change, peak_of(changed)) for change, changed in changes]
-    deepspeed = (recipe.zero_stage, recipe.offload_optimizer, recipe.offload_params)
     models = []  # LoRA and QLoRA rebuild the model: planned only when the config does not fit
     fits = planned.plan.peak <= gpu_memory
     if not model_args.use_peft and not fits:
@@ -125,9 +121,6 @@ def advise(
     if not model_args.load_in_4bit and not fits:
         models.append(("QLoRA: use_peft: true, load_in_4bit: true", {"use_peft": True, "load_in_4bit": True}))
     for change, fields in models:
-        other = plan_config(
-            training_args, replace(model_args, **fields), gpu_memory, recipe.processes, deepspeed, **options
-        )
-        advice.append(Advice(change, other.plan.peak))
+        advice.append(Advice(change, replan(replace(model_args, **fields)).plan.peak))
     lower = [a for a in advice if a.peak < planned.plan.peak]
     return sorted(lower, key=lambda a: a.peak)

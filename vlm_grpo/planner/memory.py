@@ -31,8 +31,8 @@ from .activations import generation_terms, scoring_terms, training_terms
 from .deepspeed import zero_gradients, zero_held, zero_step
 from .measure import ParameterCounts, TokenCosts
 from .optimizers import counted, describe_states, foreach_temporaries, state_bytes
-from .plan import GIB, Plan, Recipe, Term
-from .sharing import PassSharing, plan_sharing
+from .plan import GIB, PassSharing, Plan, Recipe, Term
+from .sharing import plan_sharing
 
 __all__ = ["GIB", "Plan", "Recipe", "Term", "plan_memory"]
 

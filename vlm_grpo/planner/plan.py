@@ -1,13 +1,65 @@
-"""What goes into a plan (`Recipe`: the settings of a training config that decide memory) and what comes out
-(`Term`: one line; `Plan`: what is held, and what each phase adds on top)."""
+"""What goes into a plan (`Recipe`: the settings of a training config that decide memory, with `SharingInputs`:
+what the trainer's prompt-sharing policy is built from) and what comes out (`Term`: one line; `PassSharing`: which
+passes share each group's prompt; `Plan`: what is held, and what each phase adds on top)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .sharing import PassSharing, SharingInputs
+from transformers import GenerationConfig
+
+from ..policy.sharing_plan import PASSES
 
 GIB = 2**30
+
+
+@dataclass(frozen=True)
+class SharingInputs:
+    """What the trainer's `SharingPolicy` is built from, apart from DeepSpeed and checkpointing (in the `Recipe`).
+
+    Attributes:
+        mode (`str`): `share_prompt_prefix`, one of "true", "false", "auto".
+        model_type (`str`): the family's `model_type`, for the reasons.
+        indexable_cache (`bool`): the family's `ModelFamily.indexable_cache`.
+        generation_config (`GenerationConfig`): what `generate` samples with (unused when vLLM samples).
+        vision_trains (`bool`): the vision tower trains (full fine-tune, `freeze_vision_modules: false`).
+        use_reentrant (`bool`): `use_reentrant` of `gradient_checkpointing_kwargs`.
+        aux_loss (`bool`): the training forward returns the router aux loss (`router_aux_loss`).
+    """
+
+    mode: str = "auto"
+    model_type: str = "model"
+    indexable_cache: bool = True
+    generation_config: GenerationConfig = field(default_factory=lambda: GenerationConfig(do_sample=True))
+    vision_trains: bool = False
+    use_reentrant: bool = False
+    aux_loss: bool = False
+
+
+@dataclass(frozen=True)
+class PassSharing:
+    """The policy's answer for the planned batch: which passes share each group's prompt, and why the others don't.
+
+    Attributes:
+        generation (`bool`): sampling prefills each group's prompt once.
+        scoring (`bool`): the old and reference log-prob passes share.
+        training (`bool`): the policy's training forward shares.
+        reasons (`dict[str, tuple[str, ...]]`): for each pass that runs full rows, the policy's reasons.
+    """
+
+    generation: bool
+    scoring: bool
+    training: bool
+    reasons: dict[str, tuple[str, ...]]
+
+    def lines(self) -> list[str]:
+        """One line per pass: shares each group's prompt, or runs full rows and why."""
+        shares = {"generation": self.generation, "scoring": self.scoring, "training": self.training}
+        return [
+            f"{name:<11}" + ("shares each group's prompt" if shares[name] else "full rows: " + "; ".join(why))
+            for name in PASSES
+            for why in [self.reasons.get(name, ())]
+        ]
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -16,7 +17,8 @@ from .advice import advise as advise_changes
 from .architectures import load_model_config
 from .measure import ParameterCounts, TokenCosts, build_on_meta, count_parameters, token_costs
 from .memory import GIB, Plan, Recipe, plan_memory
-from .sharing import SharingInputs, router_aux_loss, sampling_config
+from .plan import SharingInputs
+from .sharing import router_aux_loss, sampling_config
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DEFAULT_IMAGE = (448, 448)
@@ -204,13 +206,21 @@ def plan_config(
         size,
         videos,
     )
-    if advise:
-        options = dict(
-            image_size=size, images=images, text_tokens=text_tokens, model_config=model_config, videos=videos
+    if advise:  # LoRA and QLoRA are planned again from this config with other model options
+        replan = partial(
+            plan_config,
+            training_args,
+            gpu_memory=gpu_memory,
+            processes=processes,
+            deepspeed=deepspeed,
+            image_size=size,
+            images=images,
+            text_tokens=text_tokens,
+            model_config=model_config,
+            device=device,
+            videos=videos,
         )
-        planned.advice = advise_changes(
-            planned, training_args, model_args, gpu_memory, dict(options, device=device)
-        )
+        planned.advice = advise_changes(planned, model_args, gpu_memory, replan)
     return planned
 
 

@@ -18,15 +18,12 @@ batch. What the trainer reads off the loaded model is read here from the options
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transformers import GenerationConfig
 
-from ..policy.sharing_plan import PASSES, SharingPolicy
-
-if TYPE_CHECKING:
-    from .plan import Recipe
+from ..policy.sharing_plan import SharingPolicy
+from .plan import PassSharing, Recipe
 
 
 def sampling_config(training_args: Any) -> GenerationConfig:
@@ -55,55 +52,6 @@ def router_aux_loss(text_config: Any, coefficient: float | None) -> bool:
     return "output_router_logits" in fields and coefficient != 0.0
 
 
-@dataclass(frozen=True)
-class SharingInputs:
-    """What the trainer's `SharingPolicy` is built from, apart from DeepSpeed and checkpointing (in the `Recipe`).
-
-    Attributes:
-        mode (`str`): `share_prompt_prefix`, one of "true", "false", "auto".
-        model_type (`str`): the family's `model_type`, for the reasons.
-        indexable_cache (`bool`): the family's `ModelFamily.indexable_cache`.
-        generation_config (`GenerationConfig`): what `generate` samples with (unused when vLLM samples).
-        vision_trains (`bool`): the vision tower trains (full fine-tune, `freeze_vision_modules: false`).
-        use_reentrant (`bool`): `use_reentrant` of `gradient_checkpointing_kwargs`.
-        aux_loss (`bool`): the training forward returns the router aux loss (`router_aux_loss`).
-    """
-
-    mode: str = "auto"
-    model_type: str = "model"
-    indexable_cache: bool = True
-    generation_config: GenerationConfig = field(default_factory=lambda: GenerationConfig(do_sample=True))
-    vision_trains: bool = False
-    use_reentrant: bool = False
-    aux_loss: bool = False
-
-
-@dataclass(frozen=True)
-class PassSharing:
-    """The policy's answer for the planned batch: which passes share each group's prompt, and why the others don't.
-
-    Attributes:
-        generation (`bool`): sampling prefills each group's prompt once.
-        scoring (`bool`): the old and reference log-prob passes share.
-        training (`bool`): the policy's training forward shares.
-        reasons (`dict[str, tuple[str, ...]]`): for each pass that runs full rows, the policy's reasons.
-    """
-
-    generation: bool
-    scoring: bool
-    training: bool
-    reasons: dict[str, tuple[str, ...]]
-
-    def lines(self) -> list[str]:
-        """One line per pass: shares each group's prompt, or runs full rows and why."""
-        shares = {"generation": self.generation, "scoring": self.scoring, "training": self.training}
-        return [
-            f"{name:<11}" + ("shares each group's prompt" if shares[name] else "full rows: " + "; ".join(why))
-            for name in PASSES
-            for why in [self.reasons.get(name, ())]
-        ]
-
-
 def group_sizes(rows: int, group: int) -> list[int]:
     """Rows per group in the first process's `rows` rows of a generation batch whose prompts repeat `group` times."""
     return [min(group, rows - start) for start in range(0, rows, group)]
@@ -111,7 +59,7 @@ def group_sizes(rows: int, group: int) -> list[int]:
 
 def plan_sharing(recipe: Recipe) -> PassSharing:
     """Build the trainer's `SharingPolicy` for `recipe` and ask it about the planned batch."""
-    inputs: SharingInputs = recipe.sharing
+    inputs = recipe.sharing
     zero3 = recipe.zero_stage == 3
     per_module_gathers = zero3 and recipe.processes > 1 and not recipe.ds3_gather_for_generation
     image_feature_cache = not inputs.vision_trains and not per_module_gathers
