@@ -144,8 +144,8 @@ def load_entry(entry: DataEntry, seed: int, cache: dict[str, str | None], config
 
     if skipped:
         logger.warning(
-            "%s: dropped %d of %d records whose image or video is missing or unreadable (on_missing_image: skip); "
-            "first: %s",
+            "%s: dropped %d of %d records whose image or video is missing or unreadable, or whose video is cut short or "
+            "of one frame (on_missing_image: skip); first: %s",
             file,
             len(skipped),
             len(parsed),

@@ -1,27 +1,36 @@
 """Decoding a row's videos into the frames a processor takes, with the processor's own frame sampling.
 
 A stored video (the dataset's `videos` column, see `vlm_grpo.data.videos`) is a file or a list of frame files. A
-file is decoded with PyAV by transformers' `load_video`, which reads only the frames that the family's video
-processor picks (`sample_frames`: its `fps`, `min_frames` and `max_frames`), and returns them with their metadata
-(source fps, frame indices), which Qwen2.5-VL's frame timing and Qwen3-VL's timestamps are computed from. This is
-the path a processor takes for a video file (`fetch_videos`), with PyAV as the decoder: the decoders transformers
-and qwen-vl-utils pick first (torchcodec, decord, torchvision's removed `read_video`) need system libraries or
-versions a training environment often lacks, and PyAV ships its own FFmpeg. A list of frame files is taken as
-already sampled, at `fps` frames per second (as qwen-vl-utils takes one).
+file is decoded with PyAV, which reads only the frames that the family's video processor picks (`sample_frames`: its
+`fps`, `min_frames` and `max_frames`), and returned with its metadata (source fps, frame indices), which Qwen2.5-VL's
+frame timing and Qwen3-VL's timestamps are computed from. This is what transformers' `load_video` does for a video
+file (`fetch_videos`), with PyAV as the decoder (the decoders transformers and qwen-vl-utils pick first, torchcodec,
+decord and torchvision's removed `read_video`, need system libraries or versions a training environment often lacks,
+and PyAV ships its own FFmpeg), except that:
+
+- a file whose container declares no frame count (MKV, WebM, MPEG-TS) has its frames counted by decoding it once
+  (`count_frames`, remembered per file), where `load_video` would take it for a video of 0 frames;
+- a frame the sampler picks twice (GLM repeats the last to make pairs) is returned twice;
+- a file that decodes fewer frames than the sampled ones need, a file that is gone, and a video of fewer than
+  `MIN_VIDEO_FRAMES` frames are errors naming the file, not a shorter or failed video.
+
+A list of frame files is taken as already sampled, at `fps` frames per second (as qwen-vl-utils takes one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
-from transformers.video_utils import VideoMetadata, load_video
+from transformers.video_utils import VideoMetadata
 
 from ..errors import VLMGRPOError
 from .images import load_image
+from .videos import cut_short, declared_seconds, end_seconds, frame_rate, too_few_frames
 
 
 @dataclass
@@ -58,7 +67,8 @@ def preview_frames(video: str | Sequence[str] | Mapping[str, Any], count: int = 
         count (`int`, *optional*, defaults to 4): most frames returned.
 
     Raises:
-        `OSError` or `ValueError`: the file is missing or unreadable (`av.error.FFmpegError` is an `OSError`).
+        `OSError` or `ValueError`: the file is missing, unreadable or cut short (`av.error.FFmpegError` is an
+            `OSError`).
     """
     import av
 
@@ -69,11 +79,9 @@ def preview_frames(video: str | Sequence[str] | Mapping[str, Any], count: int = 
             sorted({round(i * (len(files) - 1) / max(count - 1, 1)) for i in range(count)}) if files else []
         )
         return [np.asarray(load_image(files[i])) for i in picked]
+    total = count_frames(video["path"])
+    wanted = {round(i * (total - 1) / max(count - 1, 1)) for i in range(count)}
     with av.open(video["path"]) as container:
-        total = container.streams.video[0].frames  # 0 where the file does not say
-        wanted = (
-            {round(i * (total - 1) / max(count - 1, 1)) for i in range(count)} if total else set(range(count))
-        )
         frames = []
         for index, frame in enumerate(container.decode(video=0)):
             if index in wanted:
@@ -85,6 +93,114 @@ def preview_frames(video: str | Sequence[str] | Mapping[str, Any], count: int = 
     return frames
 
 
+def count_frames(path: str) -> int:
+    """The frames of a video file: the count its header declares, or, where its container declares none (MKV, WebM,
+    MPEG-TS), the frames a full decode gives (remembered per file, size and modification time).
+
+    Args:
+        path (`str`): the video file.
+
+    Raises:
+        `OSError` or `ValueError`: the file is missing, unreadable, has no video stream, or is cut short before the
+            duration its header declares (`vlm_grpo.data.videos.cut_short`).
+    """
+    import av
+
+    with av.open(path) as container:
+        declared = _video_stream(container).frames
+    if declared:
+        return declared
+    stat = os.stat(path)
+    return _decoded_count(path, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=4096)
+def _decoded_count(path: str, size: int, mtime_ns: int) -> int:
+    """Frames a full decode of `path` gives, checked against the duration its header declares (the file's size and
+    modification time key the cache)."""
+    import av
+
+    with av.open(path) as container:
+        stream = _video_stream(container)
+        fps = frame_rate(stream)
+        frames, last = 0, None
+        for frame in container.decode(stream):
+            frames += 1
+            if frame.pts is not None:
+                last = frame.pts if last is None else max(last, frame.pts)
+        reason = cut_short(
+            0, declared_seconds(container, stream), frames, end_seconds(stream, last, fps), fps
+        )
+    if reason is not None:
+        raise ValueError(reason)
+    return frames
+
+
+def _video_stream(container: Any) -> Any:
+    """The first video stream of an open PyAV container.
+
+    Raises:
+        `ValueError`: the file has none.
+    """
+    if not container.streams.video:
+        raise ValueError("the file has no video stream")
+    return container.streams.video[0]
+
+
+def read_video_file(path: str, sample_indices_fn: Callable[..., Any]) -> tuple[np.ndarray, VideoMetadata]:
+    """Decode the frames of a video file that `sample_indices_fn` picks from its metadata, as transformers'
+    `load_video` with PyAV does, from every frame the file holds (`count_frames`).
+
+    Args:
+        path (`str`): the video file.
+        sample_indices_fn (`Callable`): `fn(metadata=VideoMetadata) -> indices`, e.g. a video processor's
+            `sample_frames`.
+
+    Returns:
+        `tuple[np.ndarray, VideoMetadata]`: the picked frames `[T, H, W, 3]` uint8 RGB, in the order picked (a frame
+        picked twice comes twice), and the metadata with their indices (`frames_indices`).
+
+    Raises:
+        `OSError` or `ValueError`: the file is unreadable, holds too few frames, or decodes fewer frames than its header
+            declares.
+    """
+    import av
+
+    with av.open(path) as container:
+        stream = _video_stream(container)
+        fps, width, height = frame_rate(stream), stream.width, stream.height
+    total = count_frames(path)
+    reason = too_few_frames(total)
+    if reason is not None:
+        raise ValueError(reason)
+    metadata = VideoMetadata(
+        total_num_frames=total,
+        fps=fps,
+        width=width,
+        height=height,
+        duration=total / fps,
+        video_backend="pyav",
+    )
+    indices = sample_indices_fn(metadata=metadata)
+    picks = [int(i) for i in indices]
+    wanted, last = set(picks), max(picks)
+    decoded: dict[int, np.ndarray] = {}
+    with av.open(path) as container:
+        index = -1
+        for index, frame in enumerate(container.decode(video=0)):
+            if index in wanted:
+                decoded[index] = frame.to_ndarray(format="rgb24")
+            if index >= last:
+                break
+    if last not in decoded:
+        raise ValueError(
+            f"only {index + 1} of its {total} frames decode (frame {last} is sampled): the file is cut short or "
+            "damaged; replace it with a whole copy"
+        )
+    metadata.frames_indices = indices
+    return np.stack([decoded[i] for i in picks]), metadata
+
+
 def video_name(video: str | Sequence[str] | Mapping[str, Any]) -> str:
     """The file a video names: its path, or its first frame's path."""
     video = stored_video(video)
@@ -92,7 +208,10 @@ def video_name(video: str | Sequence[str] | Mapping[str, Any]) -> str:
 
 
 def decode_video(
-    video: str | Sequence[str] | Mapping[str, Any], video_processor: Any, fps: float
+    video: str | Sequence[str] | Mapping[str, Any],
+    video_processor: Any,
+    fps: float,
+    sample_indices_fn: Callable[..., Any] | None = None,
 ) -> DecodedVideo:
     """Decode one video into the frames its family's video processor would sample.
 
@@ -103,25 +222,36 @@ def decode_video(
             of a file (with its `fps`, `min_frames` and `max_frames`).
         fps (`float`): frames per second sampled from a file (passed to `sample_frames`, as not every family's
             defaults to its processor's), and the rate of a list of frame files.
+        sample_indices_fn (`Callable | None`, *optional*, defaults to `None`): `fn(metadata=VideoMetadata) -> indices`,
+            the frames picked from a file in place of `video_processor.sample_frames` at `fps` (a family's own rule,
+            `ModelFamily.video_sampler`).
 
     Raises:
-        `VLMGRPOError`: the video cannot be decoded; the message names the file.
+        `VLMGRPOError`: the video cannot be decoded, is gone, is cut short or has fewer than `MIN_VIDEO_FRAMES`
+            frames; the message names the file.
     """
     video = stored_video(video)
     name = video_name(video)
+    gone = [file for file in (video["path"], *video["frames"]) if file and not os.path.isfile(file)]
+    if gone:
+        raise VLMGRPOError(
+            f"Video file {gone[0]!r} of a training row is gone: the data loader found it readable, and nothing is "
+            "there now (moved or deleted since); restore it, or remove its records from the data and restart."
+        )
     try:
         if video["path"]:
-            frames, metadata = load_video(
-                video["path"],
-                backend="pyav",
-                sample_indices_fn=partial(video_processor.sample_frames, fps=fps),
+            frames, metadata = read_video_file(
+                video["path"], sample_indices_fn or partial(video_processor.sample_frames, fps=fps)
             )
-            return DecodedVideo(np.asarray(frames), metadata, name)
+            return DecodedVideo(frames, metadata, name)
         images = [np.asarray(load_image(frame)) for frame in video["frames"]]
     except (OSError, ValueError) as error:
         raise VLMGRPOError(f"Cannot decode video {name!r} of a training row: {error}") from error
     if not images:
         raise VLMGRPOError("A training row holds a video with neither a file nor frames; give one of them.")
+    reason = too_few_frames(len(images), "the list")
+    if reason is not None:
+        raise VLMGRPOError(f"Cannot use video {name!r} of a training row: {reason}.")
     if len({image.shape for image in images}) > 1:
         raise VLMGRPOError(
             f"The frames of video {name!r} differ in size ({sorted({image.shape[:2] for image in images})}); give "

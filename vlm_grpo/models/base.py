@@ -14,8 +14,9 @@ where its model takes a video as the images of its frames (InternVL, GLM).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -23,6 +24,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor, PreTrainedM
 from trl.chat_template_utils import parse_response
 
 from ..data.video_frames import decode_video, processor_video_kwargs, video_name
+from ..data.videos import MIN_VIDEO_FRAMES
 from ..device import resolve_attn_implementation, resolve_dtype
 from ..errors import VLMGRPOError
 
@@ -206,6 +208,11 @@ class ModelFamily:
                 f"{self.model_type}'s video processor samples video_fps frames per second and caps no frame count: "
                 "remove video_max_frames (lower video_fps for long clips)."
             )
+        if max_frames is not None and max_frames < MIN_VIDEO_FRAMES:
+            raise VLMGRPOError(
+                f"video_max_frames is {max_frames}, and a video needs at least {MIN_VIDEO_FRAMES} frames (the Qwen-VL "
+                f"and GLM video encoders read frames in pairs); set video_max_frames: {MIN_VIDEO_FRAMES} or more."
+            )
         if not self.reads_video:
             return
         video_processor = processor.video_processor
@@ -218,6 +225,16 @@ class ModelFamily:
             raise VLMGRPOError(
                 f"{type(self).__name__} has no video pixel bounds; remove video_min_pixels and video_max_pixels."
             )
+
+    def video_sampler(self, processor: ProcessorMixin) -> Callable[..., Any]:
+        """How the family picks the frames of a video file: `fn(metadata=VideoMetadata) -> indices`, by default its
+        video processor's own `sample_frames` at the configured `fps` (see `configure_video`).
+
+        Args:
+            processor (`ProcessorMixin`): the family's processor, its video processor configured.
+        """
+        video_processor = processor.video_processor
+        return partial(video_processor.sample_frames, fps=video_processor.fps)
 
     def no_video_reason(self) -> str:
         """Why the family reads no video, as the start of a one-line error (e.g. "gemma3 models read no video")."""
@@ -270,7 +287,9 @@ class ModelFamily:
             processor (`ProcessorMixin`): the family's processor, its video processor configured.
             video (`dict`): the video as the dataset stores it (`{"path", "frames"}`).
         """
-        decoded = decode_video(video, processor.video_processor, processor.video_processor.fps)
+        decoded = decode_video(
+            video, processor.video_processor, processor.video_processor.fps, self.video_sampler(processor)
+        )
         metadata = {
             "total_num_frames": decoded.metadata.total_num_frames,
             "fps": decoded.metadata.fps,
@@ -397,9 +416,9 @@ class ModelFamily:
                     f"{self.no_video_reason()}, but a prompt holds {len(videos)} (first: {video_name(videos[0])}); "
                     "remove the videos from the data, or train a family that reads video (see docs/families.md)."
                 )
-            fps = processor.video_processor.fps
+            fps, sampler = processor.video_processor.fps, self.video_sampler(processor)
             video_kwargs = processor_video_kwargs(
-                [decode_video(v, processor.video_processor, fps) for v in videos]
+                [decode_video(v, processor.video_processor, fps, sampler) for v in videos]
             )
         encoded = processor(text=[text], images=images or None, return_tensors="pt", **video_kwargs)
         keys = self.image_input_keys + self.video_input_keys if images or videos else ()

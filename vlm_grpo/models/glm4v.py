@@ -118,10 +118,10 @@ class Glm4vFamily(Qwen2VLFamily):
         min_pixels: int | None = None,
         max_pixels: int | None = None,
     ) -> None:
-        """As Qwen-VL's (`min_pixels` / `max_pixels` bound a whole video's pixels). GLM's video processor caps a file
-        by its duration instead of a frame count: a video longer than `max_duration` seconds gets `max_duration * fps`
-        frames spread over it. `max_frames` sets that duration, so that no file yields more than `max_frames` frames
-        (one more where it is odd: GLM pairs frames, repeating the last)."""
+        """As Qwen3-VL's (`min_pixels` / `max_pixels` bound all the sampled frames' pixels together). GLM's video
+        processor caps a file by its duration instead of a frame count: a video longer than `max_duration` seconds gets
+        `max_duration * fps` frames spread over it. `max_frames` sets that duration, so that no file yields more than
+        `max_frames` frames (one more where it is odd: GLM pairs frames, repeating the last)."""
         super().configure_video(processor, fps, None, min_pixels, max_pixels)
         if max_frames is not None:
             processor.video_processor.max_duration = (max_frames + 0.5) / fps

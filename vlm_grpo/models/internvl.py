@@ -19,10 +19,12 @@ the pass that needs that loss runs full rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 from transformers import InternVLForConditionalGeneration, PreTrainedModel, ProcessorMixin
+from transformers.video_utils import VideoMetadata
 
 from ..errors import VLMGRPOError
 from .base import ModelFamily
@@ -59,6 +61,25 @@ class InternVLFamily(ModelFamily):
         if hasattr(model.config.get_text_config(), "output_router_logits"):
             pass_router_logits_through(model)
         return model
+
+    def video_sampler(self, processor: ProcessorMixin) -> Callable[..., Any]:
+        """InternVL's video processor samples `int(duration * fps)` frames of a file, none of a clip shorter than one
+        sampling interval (`1 / video_fps` seconds), where it would divide by zero. Such a clip gets one frame, picked
+        by the same processor's rule for a count of one (its middle frame, with `initial_shift`), as InternVL's own
+        video loader samples a fixed number of frames from any clip; longer clips are sampled as the processor does.
+
+        Args:
+            processor (`ProcessorMixin`): the family's processor, its video processor configured.
+        """
+        video_processor = processor.video_processor
+        fps = video_processor.fps
+
+        def sample(metadata: VideoMetadata) -> Any:
+            if int(metadata.total_num_frames / metadata.fps * fps) < 1:
+                return video_processor.sample_frames(metadata, num_frames=1)
+            return video_processor.sample_frames(metadata, fps=fps)
+
+        return sample
 
     def image_tokens(
         self,

@@ -83,8 +83,10 @@ class Qwen2VLFamily(ModelFamily):
         min_pixels: int | None = None,
         max_pixels: int | None = None,
     ) -> None:
-        """As `ModelFamily.configure_video`; `min_pixels` / `max_pixels` bound the pixels of a whole video (all its
-        frames), which the video processor spreads over the frames (its `size` `shortest_edge` / `longest_edge`)."""
+        """As `ModelFamily.configure_video`; `min_pixels` / `max_pixels` set the video processor's `size`
+        (`shortest_edge` / `longest_edge`), which bounds the pixels of each sampled frame in Qwen2-VL and Qwen2.5-VL
+        (`Qwen2VLVideoProcessor`), and of all the sampled frames together (frames x height x width) in Qwen3-VL,
+        Qwen3-VL MoE and Qwen3.5 (`Qwen3VLVideoProcessor`); `tests/test_video_files.py` pins both."""
         super().configure_video(processor, fps, max_frames)
         size = processor.video_processor.size
         if min_pixels is not None:
