@@ -128,7 +128,7 @@ def main() -> None:
         dataset = build_dataset(spec, side, n=G, seed=opts.seed)
         trainer = make_trainer("ours", model_dir, dataset, common, opts, lora)
         family, model = trainer.family, trainer.model
-        encoded = trainer._encode_prompts(load_rows([dataset[0]] * G))
+        encoded = trainer.rollout.encode_prompts(load_rows([dataset[0]] * G))
         device = "cuda" if cuda else "cpu"
         ids = torch.tensor([e.input_ids for e in encoded], device=device)  # [G, P]: one prompt, no padding
         inputs = family.model_inputs(

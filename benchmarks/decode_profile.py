@@ -55,6 +55,7 @@ from transformers import GenerationMixin, LogitsProcessorList, StoppingCriteriaL
 
 import vlm_grpo.policy.shared_prefix as shared_prefix
 from vlm_grpo.data.rows import load_rows
+from vlm_grpo.policy.adapters import base_model
 
 PARTS = ("prefill", "forward", "cache update", "logits processing", "sampling", "inputs and bookkeeping")
 
@@ -137,7 +138,7 @@ def patched(owner, name: str, replacement) -> Iterator[None]:
 
 def timed_generation(trainer, encoded, timers: Timers) -> float:
     """One generation under the timers; returns its wall time (s)."""
-    base = trainer._base_model(trainer.accelerator.unwrap_model(trainer.model))
+    base = base_model(trainer.accelerator, trainer.model)
     updates = {*subclasses(cache_utils.CacheLayerMixin), *subclasses(cache_utils.Cache)}
     with ExitStack() as stack:
         for handle in timers.time_forwards(base):
@@ -163,7 +164,7 @@ def timed_generation(trainer, encoded, timers: Timers) -> float:
                     stack.enter_context(patched(owner, name, wrapped))
         timers.sync()
         start = time.perf_counter()
-        trainer._sample_with_transformers(encoded, shared=trainer.family.indexable_cache)
+        trainer.rollout.transformers.sample(encoded, shared=trainer.family.indexable_cache)
         timers.sync()
         return time.perf_counter() - start
 
@@ -225,7 +226,7 @@ def main() -> None:
         dataset = build_dataset(spec, side, n=G, seed=opts.seed)
         trainer = make_trainer("ours", model, dataset, common, opts, lora)
         rows = load_rows([dataset[0]] * G)
-        encoded = trainer._encode_prompts(rows)
+        encoded = trainer.rollout.encode_prompts(rows)
         trainer.model.train()  # as in a training step
         timed_generation(trainer, encoded, Timers(cuda))  # warm-up
         runs = []
@@ -238,7 +239,7 @@ def main() -> None:
 
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
             with profile(activities=activities) as prof:
-                trainer._sample_with_transformers(encoded, shared=trainer.family.indexable_cache)
+                trainer.rollout.transformers.sample(encoded, shared=trainer.family.indexable_cache)
             key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
             operators = prof.key_averages().table(sort_by=key, row_limit=15)
     device = f"cuda {torch.cuda.get_device_name()}" if cuda else f"cpu, {torch.get_num_threads()} threads"

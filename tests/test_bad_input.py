@@ -209,7 +209,7 @@ def test_image_above_pixel_limit_is_resized(tiny_model, tmp_path):
         train_dataset=color_dataset(8),
     )
     big = {"prompt": color_dataset(1)[0]["prompt"], "images": [square_image("red", size=1024)]}
-    encoded = trainer._encode_prompts(load_rows([big]))[0]
+    encoded = trainer.rollout.encode_prompts(load_rows([big]))[0]
     image_tokens = sum(t == trainer.model.config.image_token_id for t in encoded.input_ids)
     assert image_tokens == 4  # 56x56 pixels at most: 4 merged patches, whatever the input size
 
@@ -224,7 +224,7 @@ def test_prompt_longer_than_context_is_explained(tiny_model, tmp_path):
     trainer.family.context_length = lambda config: 12  # as if the model had a 12-token context
     row = color_dataset(1, images_per_prompt=2)[0]
     with pytest.raises(ValueError, match=r"8 of them for its 2 image\(s\).*context of 12 tokens.*max_pixels"):
-        trainer._encode_prompts(load_rows([row]))
+        trainer.rollout.encode_prompts(load_rows([row]))
 
 
 def test_trust_remote_code_is_off_by_default():

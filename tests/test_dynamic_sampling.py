@@ -276,13 +276,13 @@ def test_with_everything_around_it(case, layout, tiny_model, tmp_path):
 
 def test_features_of_dropped_groups_are_not_kept(tiny_model, tmp_path):
     trainer = trainer_for(tiny_model, tmp_path, freeze_vision_modules=True)
-    assert trainer._image_features is not None  # frozen vision: image features are computed once per batch
+    assert trainer.image_features is not None  # frozen vision: image features are computed once per batch
     trainer.model.train()
     rows = [r for r in color_dataset(3).select([0, 2]) for _ in range(2)]  # red (dropped), blue (kept)
     batch = trainer._generate_and_score_completions(rows)
     kept = {id(row) for row in batch["image_inputs"]}
     assert trainer._metrics["train"]["dynamic_sampling/groups_dropped"][0] >= 1
-    assert kept and {row for row, _ in trainer._image_features._outputs} <= kept
+    assert kept and {row for row, _ in trainer.image_features._outputs} <= kept
 
 
 # --------------------------------------------------------------------------------- which groups carry no signal

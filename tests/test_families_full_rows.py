@@ -21,7 +21,7 @@ from conftest import FULL_ROW_FAMILIES, color_rows, grpo_args, length_reward
 from datasets import Dataset
 from test_vllm_payload import family_setup  # noqa: F401  (fixture)
 
-import vlm_grpo.trainer.trainer
+import vlm_grpo.trainer.logps
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.models import get_model_family
 from vlm_grpo.testing import a_family_with

@@ -17,7 +17,7 @@ from conftest import color_rows, grpo_args, length_reward
 from datasets import Dataset
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
-import vlm_grpo.trainer.trainer
+import vlm_grpo.trainer.logps
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.testing import families_with
 
@@ -28,13 +28,13 @@ def spy_on_passes(trainer: VLMGRPOTrainer, monkeypatch) -> list[tuple[bool, int]
     """Record `(compute_aux_loss, shared-prefix calls)` of every log-prob pass of `trainer`."""
     passes: list[tuple[bool, int]] = []
     calls = {"shared": 0}
-    original_shared = vlm_grpo.trainer.trainer.shared_prefix_logps
+    original_shared = vlm_grpo.trainer.logps.shared_prefix_logps
 
     def shared(*args, **kwargs):
         calls["shared"] += 1
         return original_shared(*args, **kwargs)
 
-    monkeypatch.setattr(vlm_grpo.trainer.trainer, "shared_prefix_logps", shared)
+    monkeypatch.setattr(vlm_grpo.trainer.logps, "shared_prefix_logps", shared)
     original_pass = trainer._get_per_token_logps_and_entropies
 
     def logps_pass(*args, compute_aux_loss=False, **kwargs):

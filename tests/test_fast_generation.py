@@ -17,6 +17,7 @@ from transformers import GenerationConfig
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.data.rows import load_rows
 from vlm_grpo.errors import VLMGRPOError
+from vlm_grpo.policy.adapters import base_model
 from vlm_grpo.policy.shared_prefix import shared_prefix_generate
 from vlm_grpo.rollout.fast_generation import CACHE_BUCKET, FastGeneration, decide_fast_generation
 from vlm_grpo.testing import DEFAULT_FAMILY, TINY_FAMILIES
@@ -47,7 +48,7 @@ def test_static_cache_samples_the_growing_caches_tokens(family, lora, tiny_model
     """Image and text-only prompts: each group's prompt (or each row's) prefilled into a static cache gives the
     tokens and logits of `generate` with its growing cache, from the same seed."""
     trainer = trainer_for(tiny_model(family), tmp_path, lora)
-    model, base = trainer.model.eval(), trainer._base_model(trainer.model)
+    model, base = trainer.model.eval(), base_model(trainer.accelerator, trainer.model)
     config = sampling_config(trainer)
     batch = rollout_batch(trainer, color_rows(6, text_only_every=3))
     ids, mask, images = batch["prompt_ids"], batch["prompt_mask"], batch["image_inputs"]
@@ -74,22 +75,26 @@ def test_compiled_decoding_compiles_once_over_prompt_lengths(tiny_model, tmp_pat
     tokens, and batches of other prompt lengths within one cache bucket reuse the compiled step."""
     with caplog.at_level(logging.INFO, logger="vlm_grpo"):
         trainer = trainer_for(tiny_model(DEFAULT_FAMILY), tmp_path, lora=True, fast_generation="true")
-    fast = trainer._fast
+    fast = trainer.rollout.transformers.fast
     assert fast.enabled and "decoding compiled (cpu)" in caplog.text
     trainer.model.eval()
     batches = [color_rows(4, text_only_every=2), color_rows(4, images_per_prompt=2)]  # 8 rows each
     graphs = []
     for rows in batches:
-        encoded = trainer._encode_prompts(load_rows([r for r in rows for _ in range(2)]))  # 2 rows per group
+        encoded = trainer.rollout.encode_prompts(
+            load_rows([r for r in rows for _ in range(2)])
+        )  # 2 rows per group
         for shared in (True, False):
             sampled = {}
             for decision in (fast, FastGeneration(False, "the growing cache")):
-                trainer._fast = decision
+                trainer.rollout.transformers.fast = decision
                 torch.manual_seed(0)
-                sampled[decision.enabled] = trainer._sample_with_transformers(encoded, shared)
+                sampled[decision.enabled] = trainer.rollout.transformers.sample(encoded, shared)
             graphs.append(counters["stats"]["unique_graphs"])
             assert sampled[True] == sampled[False]
-    widths = [max(len(e.input_ids) for e in trainer._encode_prompts(load_rows(rows))) for rows in batches]
+    widths = [
+        max(len(e.input_ids) for e in trainer.rollout.encode_prompts(load_rows(rows))) for rows in batches
+    ]
     assert widths[0] != widths[1]  # batches of other prompt lengths (the same number of rows) ...
     assert graphs[0] >= 1 and len(set(graphs)) == 1  # ... share one compiled step
 
@@ -172,7 +177,7 @@ def test_an_option_that_builds_its_own_cache_keeps_generate_as_configured(tiny_m
             fast_generation="true",
             cache_implementation="static",
         )
-    assert not trainer._fast.enabled
+    assert not trainer.rollout.transformers.fast.enabled
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fast_generation:")]
     assert lines == ["fast_generation: true, but cache_implementation 'static' makes generate build its own cache: "
                      "generate runs as it is configured"]  # fmt: skip

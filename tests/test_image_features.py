@@ -36,7 +36,7 @@ def logps(trainer: VLMGRPOTrainer, batch: dict, share: bool) -> tuple[torch.Tens
 @pytest.mark.parametrize("share", [True, False])
 def test_reused_features_give_the_same_logps(family, share, tiny_model, tmp_path):
     trainer = frozen_trainer(tiny_model(family), tmp_path)
-    cache = trainer._image_features
+    cache = trainer.image_features
     assert cache is not None
     batch = rollout_batch(trainer, color_rows(6, images_per_prompt=2, text_only_every=3))
     cache.clear()
@@ -44,7 +44,7 @@ def test_reused_features_give_the_same_logps(family, share, tiny_model, tmp_path
     encoded = cache.encoded_rows
     again = logps(trainer, batch, share)  # answered from the cache
     assert cache.encoded_rows == encoded == 4  # 4 distinct image prompts, each encoded once
-    trainer._image_features = None
+    trainer.image_features = None
     recomputed = logps(trainer, batch, share)  # the vision tower runs in this pass
     for reused, fresh in zip(again, recomputed, strict=True):
         torch.testing.assert_close(reused, fresh, rtol=0, atol=1e-6)
@@ -67,7 +67,7 @@ def test_one_vision_pass_per_image_per_generation_batch(tiny_model, tmp_path):
     trainer.train()
     assert len(rollouts) == 1  # 2 optimizer steps from one generation batch of 4 prompts x G
     distinct = load_rows(rollouts[0][::G])  # the G copies of a prompt are consecutive
-    encoded = trainer._encode_prompts(distinct)
+    encoded = trainer.rollout.encode_prompts(distinct)
     image_patches = sum(e.image_inputs["pixel_values"].size(0) for e in encoded if e.image_inputs)
     assert image_patches > 0
     assert sum(patches) == image_patches
@@ -81,7 +81,7 @@ def test_training_with_reuse_equals_training_without(tiny_model, tmp_path):
             tiny_model(a_family_with(image_rule="fixed")), tmp_path / str(reuse), optim="sgd", beta=0.04
         )
         if not reuse:
-            trainer._image_features = None
+            trainer.image_features = None
         trainer.train()
         runs[reuse] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     for name, param in runs[True].items():
@@ -91,7 +91,7 @@ def test_training_with_reuse_equals_training_without(tiny_model, tmp_path):
 def test_reuse_only_while_no_vision_parameter_trains(tiny_model, tmp_path):
     path = tiny_model(DEFAULT_FAMILY)
     full = VLMGRPOTrainer(path, length_reward, args=grpo_args(tmp_path), train_dataset=color_dataset(4))
-    assert full._image_features is None  # the vision tower trains: its features change every step
+    assert full.image_features is None  # the vision tower trains: its features change every step
     lora = VLMGRPOTrainer(
         path,
         length_reward,
@@ -99,4 +99,4 @@ def test_reuse_only_while_no_vision_parameter_trains(tiny_model, tmp_path):
         train_dataset=color_dataset(4),
         peft_config=LoraConfig(r=4),
     )
-    assert lora._image_features is not None  # LoRA never targets the vision tower
+    assert lora.image_features is not None  # LoRA never targets the vision tower

@@ -20,7 +20,7 @@ def test_two_images_per_prompt(family, tiny_model, tmp_path):
         train_dataset=color_dataset(8, images_per_prompt=2),
     )
     rows = color_rows(2, images_per_prompt=2)
-    encoded = trainer._encode_prompts(load_rows(rows))
+    encoded = trainer.rollout.encode_prompts(load_rows(rows))
     assert all(e.num_images == 2 for e in encoded)
     image_token = trainer.model.config.image_token_id
     for e in encoded:
@@ -43,7 +43,7 @@ def test_batch_mixing_image_and_text_only_prompts(family, tiny_model, tmp_path):
         train_dataset=color_dataset(8, text_only_every=2),
     )
     rows = color_rows(2, text_only_every=2)
-    encoded = trainer._encode_prompts(load_rows(rows))
+    encoded = trainer.rollout.encode_prompts(load_rows(rows))
     assert [e.num_images for e in encoded] == [1, 0] and encoded[1].image_inputs == {}
     trainer.train()
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
@@ -69,7 +69,7 @@ def test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_pa
 
     hook = lm_head.register_forward_hook(favour_placeholders)
     rows = color_rows(4)
-    encoded = trainer._encode_prompts(load_rows(rows))
+    encoded = trainer.rollout.encode_prompts(load_rows(rows))
     try:
         # Control: unconstrained sampling from this model emits placeholders.
         ids = torch.tensor([encoded[0].input_ids])
@@ -78,7 +78,7 @@ def test_completions_never_contain_placeholder_tokens(family, tiny_model, tmp_pa
         )
         free = trainer.model.generate(**inputs, max_new_tokens=4, do_sample=True)[0, ids.size(1) :]
         assert any(t in placeholders for t in free.tolist())
-        completions = trainer._sample_with_transformers(encoded, shared=trainer.family.indexable_cache)
+        completions = trainer.rollout.transformers.sample(encoded, shared=trainer.family.indexable_cache)
     finally:
         hook.remove()
     assert all(completions)

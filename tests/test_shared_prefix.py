@@ -38,7 +38,7 @@ def make_trainer(path, tmp_path, **overrides) -> VLMGRPOTrainer:
 def rollout_batch(trainer: VLMGRPOTrainer, rows: list[dict], seed: int = 0):
     """Rows repeated G times, encoded by the trainer, with random completions of 1 to 5 tokens."""
     batch = [r for r in rows for _ in range(G)]
-    encoded = trainer._encode_prompts(load_rows(batch))
+    encoded = trainer.rollout.encode_prompts(load_rows(batch))
     gen = torch.Generator().manual_seed(seed)
     allowed = torch.tensor([i for i in range(60) if i not in trainer.placeholder_token_ids])
     completions = [
@@ -441,16 +441,16 @@ def test_evaluation_leaves_the_buffered_training_plan(tiny_model, tmp_path, monk
 
     Training groups of 2 share (`auto`); the evaluation's groups of 1 save nothing and run full rows.
     """
-    import vlm_grpo.trainer.trainer
+    import vlm_grpo.trainer.logps
 
     calls = []
-    original = vlm_grpo.trainer.trainer.shared_prefix_logps
+    original = vlm_grpo.trainer.logps.shared_prefix_logps
 
     def shared(*args, **kwargs):
         calls.append(torch.is_grad_enabled())
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(vlm_grpo.trainer.trainer, "shared_prefix_logps", shared)
+    monkeypatch.setattr(vlm_grpo.trainer.logps, "shared_prefix_logps", shared)
     trainer = VLMGRPOTrainer(
         model=tiny_model(DEFAULT_FAMILY),
         reward_funcs=length_reward,

@@ -604,7 +604,7 @@ def test_a_tool_result_past_the_completion_budget_is_rolled_back_with_one_log_li
     """A tool image that would push the row past max_completion_length is dropped and the row ends on its call, as
     TRL does; the trainer says so in one line."""
     trainer = zoom_rollout_trainer(tools_model, tmp_path, max_completion_length=40)
-    with caplog.at_level("INFO", logger="vlm_grpo.trainer.trainer"):
+    with caplog.at_level("INFO", logger="vlm_grpo.rollout.rollout"):
         batch = trainer._generate_and_score_completions(two_groups())
     completions = list(trainer._logs["completion"])
     called = [c for c in completions if c[-1].get("tool_calls")]

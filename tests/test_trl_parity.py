@@ -321,8 +321,8 @@ def test_chat_template_kwargs_reach_the_training_prompt(qwen, tmp_path):
     )
     from vlm_grpo.data.rows import load_rows
 
-    ids_plain = plain._encode_prompts(load_rows(rows))[0].input_ids
-    ids_off = thinking_off._encode_prompts(load_rows(rows))[0].input_ids
+    ids_plain = plain.rollout.encode_prompts(load_rows(rows))[0].input_ids
+    ids_off = thinking_off.rollout.encode_prompts(load_rows(rows))[0].input_ids
     text = processor.apply_chat_template(
         [rows[0]["prompt"]], add_generation_prompt=True, tokenize=False, enable_thinking=False
     )
@@ -595,9 +595,9 @@ def test_vllm_sampling_logps_are_kept(qwen, tmp_path):
     from vlm_grpo.data.rows import load_rows
     from vlm_grpo.rollout.batch import Sampled
 
-    encoded = trainer._encode_prompts(load_rows(color_rows(2)))
+    encoded = trainer.rollout.encode_prompts(load_rows(color_rows(2)))
     sampled = Sampled(color_rows(2), encoded, [[5, 6, 7], [5]], [[-0.1, None, -0.3], [-0.5]], [], False)
-    batch = trainer._pad_batch(sampled)
+    batch = trainer._pad_batch(sampled, [e.image_inputs for e in encoded])
     logps = batch["sampling_per_token_logps"]  # [B, C]
     assert logps.shape == (2, 3) and torch.isnan(logps[0, 1]) and logps[1, 0] == -0.5 and logps[1, 1] == 0.0
 

@@ -408,7 +408,7 @@ def test_training_on_videos_computes_each_groups_video_once(family, tiny_model, 
     assert changed and not any(trainer.family.is_vision_module(n) for n in changed)
     # 2 steps of 2 prompts (groups of 2), each with a video or an image: each prompt's media goes through the vision
     # tower once per step (a cache miss), and generation and the loss's forward reuse it
-    assert trainer._image_features.encoded_rows == 2 * 2
+    assert trainer.image_features.encoded_rows == 2 * 2
     log = trainer.state.log_history
     assert all(np.isfinite(entry["loss"]) for entry in log if "loss" in entry)
 

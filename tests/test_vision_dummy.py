@@ -39,7 +39,7 @@ def test_text_only_chunk_runs_vision_tower_without_changing_results(
     )
     plain_logps, plain_ent, plain_grads = logps_and_grads(trainer, batch, share)
     assert calls["vision"] == 0
-    trainer._zero3_multi_process = True  # as under multi-process ZeRO-3
+    trainer._logps.dummy_rows = True  # as under multi-process ZeRO-3
     logps, ent, grads = logps_and_grads(trainer, batch, share)
     hook.remove()
     assert calls["vision"] == 2  # one dummy image per chunk of 4 rows (6 rows)

@@ -6,7 +6,7 @@ joins each prompt, its `get_reward` is a reward), vLLM in TRL's colocate mode, o
 the model the test built in `OUT/model`; vLLM's structured outputs (TRL's `vllm_structured_outputs_regex`, the same in
 every turn) make each turn either the tool call the family's template renders or a one-word answer, so that some rows
 call the tool and answer after its image. Then scores one turn after a tool result: vLLM samples it (the trainer's
-`_generate_single_turn`, as TRL's tool loop calls it, unconstrained) from a history of the prompt's image and the
+`rollout.vllm.next_turns`, as the tool loop calls it, unconstrained) from a history of the prompt's image and the
 tool's image, and the trainer computes the log-probs of the same tokens from the same history; in colocate mode vLLM
 then scores that row as the trainer hands it over. Writes `OUT/result.json`:
 
@@ -93,7 +93,7 @@ def main(family: str, out: Path, mode: str = "colocate", port: int | None = None
     ids = list(ids[0] if isinstance(ids[0], list) else ids)
     torch.manual_seed(0)
     images = [prompt_image, tool_image]
-    completion_ids, logprobs = trainer._generate_single_turn([ids], [images], {}, 1)
+    completion_ids, logprobs = trainer.rollout.vllm.next_turns([ids], [images], 1)
     completion, sampled = list(completion_ids[0]), logprobs[0]
     encoded = EncodedPrompt(input_ids=ids, image_inputs=trainer.family.encode_images(processor, images))
     ours = trainer_logps(trainer, encoded, completion)

@@ -111,7 +111,7 @@ def server_checks(trainer, rows: list[dict], encoded: list, before: dict[str, fl
     """Server mode: what the server generated while training, and its log-probs before and after a weight sync.
 
     One completion of a two-image prompt is sampled by the server (the trainer's sampling settings, seeded) and scored
-    by it before and after `sync_vllm_weights()`, the prompt's images as TRL sends them (features the server computed
+    by it before and after `VLLMSampler.push()`, the prompt's images as TRL sends them (features the server computed
     from the raw images, placed on the processor-expanded prompt ids). After the sync it is scored twice: as the
     trainer leaves the server, then once more after emptying the server's encoder cache (`/reset_encoder_cache`), which
     makes the server encode the images again with the synced vision tower.
@@ -133,7 +133,7 @@ def server_checks(trainer, rows: list[dict], encoded: list, before: dict[str, fl
         "server_generation_tokens": after["generation_tokens"] - before["generation_tokens"],
         "before_sync": gap(server_logps(client, ids, features, completion), ours),
     }
-    trainer.sync_vllm_weights()
+    trainer.rollout.vllm.push()
     synced = server_logps(client, ids, features, completion)
     client.session.post(f"{client.base_url}/reset_encoder_cache").raise_for_status()
     encoded_again = server_logps(client, ids, features, completion)
@@ -190,7 +190,7 @@ def video_main(shape: str, out: Path) -> None:
     completion = list(outputs[0].outputs[0].token_ids)
     ours = trainer_logps(trainer, encoded[0], completion, vllm_attends_images_causally())
     before = vllm_logps(llm, inputs[0], completion)
-    trainer.sync_vllm_weights()
+    trainer.rollout.vllm.push()
     result = {
         "family": family.model_type,
         "num_videos": [e.num_videos for e in encoded],
@@ -292,7 +292,7 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     ours = trainer_logps(trainer, encoded[0], completion, causal)
     before = vllm_logps(llm, inputs[0], completion)
     result["before_sync"] = gap(before, ours)
-    trainer.sync_vllm_weights()
+    trainer.rollout.vllm.push()
     synced = vllm_logps(llm, inputs[0], completion)
     result["after_sync"] = gap(synced, ours)
     result["tokens"] = {

@@ -38,10 +38,11 @@ class VLMGRPOConfig(GRPOConfig):
             qwen-vl-utils samples.
         video_max_frames (`int | None`, defaults to None): most frames sampled from one video; None keeps the
             processor's (768 for Qwen-VL).
-        video_min_pixels (`int | None`, defaults to None): lower bound on a video's pixels after resizing, all its
-            frames together (Qwen-VL: the video processor's `size["shortest_edge"]`).
-        video_max_pixels (`int | None`, defaults to None): upper bound on a video's pixels after resizing, all its
-            frames together (Qwen-VL: the video processor's `size["longest_edge"]`).
+        video_min_pixels (`int | None`, defaults to None): lower bound on a video's pixels after resizing: the video
+            processor's `size`, which bounds each sampled frame on Qwen2-VL and Qwen2.5-VL and all sampled frames
+            together on Qwen3-VL, Qwen3.5 and GLM (refused on InternVL and Gemma 4; see docs/families.md).
+        video_max_pixels (`int | None`, defaults to None): upper bound on a video's pixels after resizing, as
+            `video_min_pixels` bounds them.
         share_prompt_prefix (`str`, defaults to `"auto"`): run each group's prompt (image included) once and share
             its KV cache across the G completions, in generation and in every log-prob pass (old, reference,
             policy). Exact: log-probs match full forwards within float rounding. `"true"` always, `"false"` never,
@@ -67,6 +68,9 @@ class VLMGRPOConfig(GRPOConfig):
             missing: `"error"` stops with a one-line error, as DAPO's reference does; `"fill"` completes the batch
             with dropped groups; `"keep"` trains on the informative groups (a smaller batch, rounded up with dropped
             groups only so that the micro-batches split equally).
+        tool_timeout (`float`, *optional*, defaults to `None`): seconds a tool call (sync or async) may take; a call
+            still running then is reported to the model as a failed call (`{"error": ...}`), counted in
+            `tools/failure_frequency` and `tools/timeout_frequency`. None: no bound, as in TRL.
     """
 
     freeze_vision_modules: bool = field(
@@ -90,11 +94,17 @@ class VLMGRPOConfig(GRPOConfig):
     )
     video_min_pixels: int | None = field(
         default=None,
-        metadata={"help": "Minimum pixels of a video after resizing, all frames together (Qwen-VL)."},
+        metadata={
+            "help": "Minimum pixels of a video after resizing: each frame's (Qwen2/2.5-VL) or all frames' together "
+            "(Qwen3-VL, Qwen3.5, GLM)."
+        },
     )
     video_max_pixels: int | None = field(
         default=None,
-        metadata={"help": "Maximum pixels of a video after resizing, all frames together (Qwen-VL)."},
+        metadata={
+            "help": "Maximum pixels of a video after resizing: each frame's (Qwen2/2.5-VL) or all frames' together "
+            "(Qwen3-VL, Qwen3.5, GLM)."
+        },
     )
     share_prompt_prefix: str = field(
         default="auto",
@@ -136,6 +146,13 @@ class VLMGRPOConfig(GRPOConfig):
         metadata={
             "help": "When the extra rounds are spent: error (stop, as DAPO's reference), fill (complete the batch "
             "with dropped groups) or keep (train on fewer groups)."
+        },
+    )
+    tool_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds a tool call may take before it is reported to the model as failed (None: no bound, as "
+            "TRL)."
         },
     )
 
@@ -187,6 +204,8 @@ class VLMGRPOConfig(GRPOConfig):
         ):
             if value is not None and value <= 0:
                 raise VLMGRPOError(f"{name} must be a positive integer, got {value}.")
+        if self.tool_timeout is not None and not self.tool_timeout > 0:
+            raise VLMGRPOError(f"tool_timeout must be a positive number of seconds, got {self.tool_timeout}.")
         if not self.video_fps > 0:
             raise VLMGRPOError(f"video_fps must be a positive number, got {self.video_fps}.")
         if self.video_min_pixels and self.video_max_pixels and self.video_min_pixels > self.video_max_pixels:

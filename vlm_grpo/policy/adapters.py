@@ -7,8 +7,10 @@ LM head; a user list is resolved against module names and the vision tower is st
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import torch
+from accelerate.utils import is_peft_model
 from peft import LoraConfig
 from torch import nn
 from transformers import BitsAndBytesConfig, PreTrainedModel
@@ -103,3 +105,14 @@ def drop_repeated_input_grad_hooks(model: nn.Module) -> None:
         ]
         for key in repeated[:-1]:  # in registration order: the last is the one transformers holds a handle to
             del module._forward_hooks[key]
+
+
+def base_model(accelerator: Any, model: nn.Module) -> PreTrainedModel:
+    """The transformers model under any DDP/DeepSpeed wrapper and PEFT adapter.
+
+    Args:
+        accelerator (`Accelerator`): the trainer's accelerator, which unwraps DDP and DeepSpeed.
+        model (`nn.Module`): the model, wrapped or not.
+    """
+    unwrapped = accelerator.unwrap_model(model)
+    return unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped

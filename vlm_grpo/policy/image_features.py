@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -55,6 +55,29 @@ class ImageFeatureCache:
         kept = {id(part) for part in image_parts(image_inputs)}
         self._outputs = {key: value for key, value in self._outputs.items() if key[0] in kept}
 
+    def encode(self, model: torch.nn.Module, parts: Sequence[dict[str, torch.Tensor]]) -> None:
+        """Compute and store the outputs of the rows not stored yet, as the forward calls the encoders
+        (`return_dict=True`); what a forward of these rows would compute on a miss, done ahead of it.
+
+        Args:
+            model (`PreTrainedModel`): the unwrapped transformers model (no PEFT or DDP wrapper).
+            parts (`Sequence[dict]`): per-sample image dicts (`image_rows.image_parts` of the rows).
+        """
+        owner = self.family.image_encoder_owner(model)
+        for name, keys in self._encoders().items():
+            original = getattr(owner, name)
+            for part in parts:
+                if keys[0] in part:
+                    device = part[keys[0]].device
+                    self._output(part, name, keys, original, device, {"return_dict": True})
+
+    def _encoders(self) -> dict[str, tuple[str, ...]]:
+        """The encoder methods of the family's inner model, with the names of their tensor arguments."""
+        encoders = {"get_image_features": self.family.image_input_keys}
+        if self.family.video_feature_keys:
+            encoders["get_video_features"] = self.family.video_feature_keys
+        return encoders
+
     @contextmanager
     def reuse(
         self, model: torch.nn.Module, image_inputs: Sequence[dict[str, torch.Tensor]]
@@ -66,9 +89,7 @@ class ImageFeatureCache:
             image_inputs (`Sequence[dict]`): the per-sample image dicts of the rows this forward runs, in row order.
         """
         owner = self.family.image_encoder_owner(model)
-        encoders = {"get_image_features": self.family.image_input_keys}
-        if self.family.video_feature_keys:
-            encoders["get_video_features"] = self.family.video_feature_keys
+        encoders = self._encoders()
         for name, keys in encoders.items():
             # the rows that hold this encoder's input
             candidates = [part for part in image_parts(image_inputs) if keys[0] in part]
@@ -135,3 +156,10 @@ class ImageFeatureCache:
             self._outputs[key] = (row, output)  # the row is kept alive so that its id stays unique
             self.encoded_rows += 1
         return self._outputs[key][1]
+
+
+def reusing_features(
+    cache: ImageFeatureCache | None, model: torch.nn.Module, image_inputs: Sequence[dict[str, torch.Tensor]]
+) -> AbstractContextManager:
+    """`cache.reuse(model, image_inputs)` while vision is frozen; nothing while it trains (`cache` None)."""
+    return nullcontext() if cache is None else cache.reuse(model, image_inputs)

@@ -135,6 +135,10 @@ class SharingPolicy:
         bidirectional_images (`bool`, defaults to False): the language model attends bidirectionally among each
             image's tokens (`ModelFamily.bidirectional_image_attention`): images inside completions (tool results)
             then need full rows, as the completion's forward over the cache would see them causally.
+        zero3_vision_trains (`bool`, defaults to False): ZeRO-3 over several processes with the vision tower trained:
+            images inside completions then need full rows too, since the completion's forward over the cache would
+            run the vision tower a second time on the processes that hold such images only (ZeRO-3 gathers its
+            parameters collectively), where a full row runs it once on every process (see `vision_dummy`).
     """
 
     def __init__(
@@ -147,9 +151,11 @@ class SharingPolicy:
         reentrant_checkpointing: bool = False,
         aux_loss: bool = False,
         bidirectional_images: bool = False,
+        zero3_vision_trains: bool = False,
     ):
         self.mode = mode
         self.bidirectional_images = bidirectional_images
+        self.zero3_vision_trains = zero3_vision_trains
         every = []
         if mode == "false":
             every.append("share_prompt_prefix is false")
@@ -199,6 +205,14 @@ class SharingPolicy:
         """
         return generation and not self.bidirectional_images
 
+    def completion_images_need_full_rows(self) -> str | None:
+        """Why the log-prob passes of a batch whose completions hold images (tool results) run full rows, or None."""
+        if self.bidirectional_images:
+            return "tool results hold images, attended bidirectionally"
+        if self.zero3_vision_trains:
+            return "tool results hold images, and ZeRO-3 trains the vision tower over several processes"
+        return None
+
     def plan(
         self,
         prompt_len: int,
@@ -218,13 +232,14 @@ class SharingPolicy:
                 must take the same decision, as ZeRO-3 gathers parameters collectively in each forward.
             generation (`bool`): what `shares_generation` decided for this batch's sampling.
             completion_images (`bool`, *optional*, defaults to `False`): some completion holds images (tool
-                results); with bidirectional image attention the log-prob passes then run full rows. It must be the
-                same on every process.
+                results); where `completion_images_need_full_rows` says so, the log-prob passes then run full rows.
+                It must be the same on every process.
         """
         reasons = self._reasons(prompt_len, completion_len, group_sizes, agree)
-        if completion_images and self.bidirectional_images:
+        why = self.completion_images_need_full_rows()
+        if completion_images and why:
             for name in ("scoring", "training"):
-                reasons[name] = (*reasons.get(name, ()), "tool results hold images, attended bidirectionally")
+                reasons[name] = (*reasons.get(name, ()), why)
         if generation:
             reasons.pop("generation", None)
         else:

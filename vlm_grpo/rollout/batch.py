@@ -6,8 +6,8 @@ payload (`vlm_grpo.rollout.vllm.payload`) share them, so that each rule exists o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -55,7 +55,7 @@ class Sampled:
     """What one generation round sampled, per local row (G consecutive rows per prompt).
 
     Attributes:
-        inputs (`list[dict]`): the dataset rows.
+        inputs (`list[dict]`): the dataset rows (with environments, their prompts after `reset()`).
         encoded (`list[EncodedPrompt]`): their encoded prompts; the rows of one group share one object.
         completion_ids (`list[list[int]]`): each row's completion, cut after its first eos; with tools, every turn
             (the model's, and the tool results between them).
@@ -64,6 +64,10 @@ class Sampled:
         shared_generation (`bool`): whether sampling prefilled each group's prompt once.
         tool_mask (`list[list[int]] | None`): with tools, 1 on the model's tokens and 0 on tool results (TRL's).
         tool_images (`list[list[PIL.Image.Image]] | None`): with tools, the images each row's tools returned.
+        tool_calls (`list[tuple[int, int, int]] | None`): with tools, each row's calls, failed calls and timeouts.
+        environments (`list | None`): with `environment_factory`, each row's environment instance (the rewards get
+            them, as in TRL).
+        failures (`list[str | None] | None`): with environments, why a row failed (its `reset()` raised), else None.
     """
 
     inputs: list[dict[str, Any]]
@@ -74,31 +78,30 @@ class Sampled:
     shared_generation: bool
     tool_mask: list[list[int]] | None = None
     tool_images: list[list[Any]] | None = None
+    tool_calls: list[tuple[int, int, int]] | None = None
+    environments: list[Any] | None = None
+    failures: list[str | None] | None = None
 
     def select(self, rows: Sequence[int]) -> Sampled:
         """These rows, in this order."""
-
-        def pick(values: list | None) -> list | None:
-            return None if values is None else [values[i] for i in rows]
-
-        return Sampled(
-            pick(self.inputs), pick(self.encoded), pick(self.completion_ids), pick(self.sampling_logps),
-            pick(self.completions), self.shared_generation, pick(self.tool_mask), pick(self.tool_images),
-        )  # fmt: skip
+        picked = {
+            f.name: None if getattr(self, f.name) is None else [getattr(self, f.name)[i] for i in rows]
+            for f in fields(self)
+            if f.name != "shared_generation"
+        }
+        return Sampled(**picked, shared_generation=self.shared_generation)
 
     @staticmethod
     def concat(parts: Sequence[Sampled]) -> Sampled:
         """The rows of `parts`, one after the other (the first part's `shared_generation`)."""
-
-        def chain(lists: list[list | None]) -> list | None:
-            return None if lists[0] is None else [x for values in lists for x in values]
-
-        return Sampled(
-            chain([p.inputs for p in parts]), chain([p.encoded for p in parts]),
-            chain([p.completion_ids for p in parts]), chain([p.sampling_logps for p in parts]),
-            chain([p.completions for p in parts]), parts[0].shared_generation, chain([p.tool_mask for p in parts]),
-            chain([p.tool_images for p in parts]),
-        )  # fmt: skip
+        chained = {
+            f.name: None
+            if getattr(parts[0], f.name) is None
+            else [x for part in parts for x in getattr(part, f.name)]
+            for f in fields(Sampled)
+            if f.name != "shared_generation"
+        }
+        return Sampled(**chained, shared_generation=parts[0].shared_generation)
 
 
 def pad_batch(
@@ -159,3 +162,17 @@ def pad_batch(
         logps, _ = pad_rows(rows, 0.0, "right", multiple, dtype=torch.float32)  # [B, C]
         batch["sampling_per_token_logps"] = logps.to(device)
     return batch
+
+
+def across_processes(
+    accelerator: Any, value: float | bool, reduce: Callable[[torch.Tensor], torch.Tensor]
+) -> float:
+    """`reduce` (`torch.min`, `max`, `sum`, `all`, `any`) of a number over every process; every process must call it.
+
+    Args:
+        accelerator (`Accelerator`): the trainer's.
+        value (`float | bool`): this process's number.
+        reduce (`Callable[[torch.Tensor], torch.Tensor]`): how the gathered numbers become one.
+    """
+    gathered = accelerator.gather(torch.tensor([value], device=accelerator.device))
+    return reduce(gathered).item()

@@ -48,8 +48,12 @@ def reset_environments(
     environments: Sequence[Any],
     inputs: Sequence[dict[str, Any]],
     multi_environment: bool,
-) -> list[list[dict[str, Any]]]:
-    """Each row's prompt with its environment's `reset()` observation appended to the last message (as TRL 1.16).
+) -> tuple[list[list[dict[str, Any]]], list[str | None]]:
+    """Each row's prompt with its environment's `reset()` observation appended to the last message (as TRL 1.16), and
+    for each row the error its `reset()` raised (None where it did not).
+
+    A `reset()` that raises fails its row only (TRL stops the run): the row keeps its prompt, and the trainer gives it
+    no reward, so that it does not train (see `VLMGRPOTrainer._score`).
 
     Args:
         prompts (`list[list[dict]]`): the rows' conversational prompts (not modified).
@@ -58,10 +62,16 @@ def reset_environments(
             when rows name their environment).
         multi_environment (`bool`): rows name their environment.
     """
-    out = []
+    out, failures = [], []
     for prompt, environment, x in zip(prompts, environments, inputs, strict=True):
         kwargs = {k: v for k, v in x.items() if k != "environment"} if multi_environment else x
-        observation = environment.reset(**kwargs)
+        try:
+            observation = environment.reset(**kwargs)
+        except Exception as error:  # the user's environment: its row fails, not the run
+            observation = None
+            failures.append(f"{type(environment).__name__}.reset raised {type(error).__name__}: {error}")
+        else:
+            failures.append(None)
         if observation is None:
             out.append(prompt)
             continue
@@ -71,7 +81,7 @@ def reset_environments(
         if isinstance(observation, str) and isinstance(content, list):
             observation = [{"type": "text", "text": observation}]
         out.append(prompt[:-1] + [{**prompt[-1], "content": content + observation}])
-    return out
+    return out, failures
 
 
 def environment_methods(environment: Any) -> list[Callable]:
@@ -103,15 +113,18 @@ def tool_dicts(
     return sync, asynchronous
 
 
-def tool_metrics(calls: float, failures: float, rows: float) -> dict[str, float]:
-    """TRL's `tools/*` metrics from the counts summed over processes: calls per row, and failures per call.
+def tool_metrics(calls: float, failures: float, timeouts: float, rows: float) -> dict[str, float]:
+    """The `tools/*` metrics from the counts summed over processes: TRL's calls per row and failures per call, and
+    the calls that ran past `tool_timeout`, per call.
 
     Args:
         calls (`float`): tool calls made.
-        failures (`float`): calls that failed (unknown tool, an exception, an unsupported call type).
+        failures (`float`): calls that failed (unknown tool, an exception, an unsupported call type, a timeout).
+        timeouts (`float`): calls that ran past `tool_timeout`.
         rows (`float`): rows sampled.
     """
     return {
         "tools/call_frequency": calls / rows,
         "tools/failure_frequency": failures / calls if calls > 0 else 0.0,
+        "tools/timeout_frequency": timeouts / calls if calls > 0 else 0.0,
     }

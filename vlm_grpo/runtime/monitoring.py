@@ -44,6 +44,11 @@ class PhaseTimer:
         finally:
             self.seconds[phase] += time.perf_counter() - start
 
+    def add(self, seconds: dict[str, float]) -> None:
+        """Add seconds per phase timed elsewhere (the rollout's own timer)."""
+        for phase, value in seconds.items():
+            self.seconds[phase] += value
+
     def pop(self) -> dict[str, float]:
         """Return the accumulated seconds per phase and start over."""
         seconds, self.seconds = dict(self.seconds), defaultdict(float)

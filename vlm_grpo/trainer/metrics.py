@@ -1,14 +1,19 @@
-"""What a rollout logs: TRL's length and reward metrics, and the step's samples written to `output_dir/samples/`.
+"""What a training step logs of its rollout: TRL's length and reward metrics and its completions table.
 
 The metrics are computed from tensors already gathered over every process, as TRL 1.16's
-`GRPOTrainer._generate_and_score_completions` computes them, plus length percentiles (see `monitoring`).
+`GRPOTrainer._generate_and_score_completions` computes them, plus length percentiles (see `runtime.monitoring`). The
+step's samples are written by `runtime.sample_log`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from accelerate.utils import gather_object
 from trl.trainer.utils import nanstd
 
+from ..data.rows import row_images
 from ..runtime.monitoring import length_stats
 
 
@@ -56,3 +61,45 @@ def reward_metrics(
     metrics["reward_std"] = nanstd(rewards).item()
     metrics["frac_reward_zero_std"] = is_std_zero.float().mean().item()
     return metrics
+
+
+def log_completions(
+    trainer: Any, mode: str, inputs, prompts, completions, rewards_per_func, advantages
+) -> None:
+    """The completions table (TRL's `_logs`), the rewards' own `log_extra` columns and `log_metric` values, as TRL's
+    `_generate_and_score_completions` records them; every process calls it.
+
+    Args:
+        trainer (`VLMGRPOTrainer`): whose `_logs`, `_metrics` and pending reward logs are written.
+        mode (`str`): "train" or "eval".
+        inputs (`list[dict]`): this process's dataset rows.
+        prompts (`list`): their prompts as the rewards received them.
+        completions (`list[list[dict]]`): their completions.
+        rewards_per_func (`torch.Tensor`): `[N, F]` rewards of every process's rows.
+        advantages (`torch.Tensor`): `[N]` advantages of every process's rows.
+    """
+    logs, pending_extra, pending_metrics = (
+        trainer._logs,
+        trainer._pending_extra_logs,
+        trainer._pending_metrics,
+    )
+    logs["prompt"].extend(gather_object(prompts))
+    logs["completion"].extend(gather_object(completions))
+    for i, name in enumerate(trainer.reward_func_names):
+        logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
+    logs["advantages"].extend(advantages.tolist())
+    # Sorted keys: every process must gather the same names in the same order.
+    for column in sorted(set(gather_object(list(pending_extra)))):
+        values = pending_extra.get(column, [None] * len(prompts))
+        logs["extra"][column].extend(gather_object(values))
+    pending_extra.clear()
+    for name in sorted(set(gather_object(list(pending_metrics)))):
+        values = pending_metrics.get(name, [])
+        local = torch.tensor(
+            [sum(values), len(values)], dtype=torch.float32, device=trainer.accelerator.device
+        )
+        total, count = trainer.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
+        trainer._metrics[mode][name].append(total / count)
+    pending_metrics.clear()
+    if trainer.log_multimodal and ("images" in inputs[0] or "image" in inputs[0]):  # alike on every process
+        logs["images"].extend(gather_object([row_images(x) or None for x in inputs]))

@@ -157,6 +157,13 @@ def check_videos(datasets: Sequence[Any], family: ModelFamily, args: VLMGRPOConf
         )
 
 
+def check_tools(args: VLMGRPOConfig, family: ModelFamily, processor: ProcessorMixin) -> None:
+    """Refuse, in one line, tools or environments that a family cannot run with vLLM's colocate engine (it cannot
+    take the histories of later turns; see `ModelFamily.vllm_history_ids`)."""
+    if args.use_vllm and args.vllm_mode == "colocate":
+        family.vllm_history_ids(processor, [])
+
+
 def freeze_vision_and_aim_lora(
     model: PreTrainedModel, family: ModelFamily, args: VLMGRPOConfig, peft_config: PeftConfig | None
 ) -> PeftConfig | None:

@@ -1,4 +1,4 @@
-"""TRL's vLLM backend (`trainer.vllm_generation`), adapted to vision-language models.
+"""TRL's vLLM backend (`trainer.vllm_generation`), adapted to vision-language models: `VLLMSampler`.
 
 Four changes to what TRL does: the weights TRL syncs are named as the family's vLLM model loads them; after a sync
 vLLM's encoder cache is emptied too, so that images it has seen are encoded by the new vision tower; in colocate
@@ -10,13 +10,19 @@ process groups are destroyed through vLLM. The prompts vLLM receives are built b
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 
-from ...models import ModelFamily
-from .payload import add_videos
+from ...models import EncodedPrompt, ModelFamily
+from .payload import (
+    add_videos,
+    build_vllm_payload,
+    check_vllm_prompts,
+    vllm_generate_kwargs,
+    vllm_history_prompts,
+)
 
 
 def name_weights_for_vllm(vllm_generation: Any, family: ModelFamily) -> None:
@@ -97,3 +103,126 @@ def release_process_groups() -> None:
 
     destroy_model_parallel()
     destroy_distributed_environment()
+
+
+class VLLMSampler:
+    """Samples completions with TRL's vLLM backend, colocated or through `trl vllm-serve`.
+
+    The first turn hands vLLM raw images, sampled video frames (colocate mode) and prompts with unexpanded
+    placeholders (`vllm_payload`); the turns after a tool result hand it each row's history (`vllm_history_prompts`).
+    The engine's weights follow the policy: `sync` sends them when the policy's version (the optimizer steps taken)
+    differs from the one the engine holds, as TRL does once per optimizer step.
+
+    Where TRL's backend collects every process's prompts (server mode, and colocate mode with tensor parallelism), it
+    hands each process back the slice of its own index times its own row count, which holds only when every process
+    sends as many rows: the turns after a tool result, whose row counts differ between processes, are padded to the
+    largest count with copies of a row and the copies' completions dropped (`next_turns`).
+
+    Args:
+        vllm_generation (`Any`): TRL's `VLLMGeneration` of the trainer.
+        mode (`str`): `"colocate"` or `"server"`.
+        family (`ModelFamily`): the policy's family.
+        processor (`ProcessorMixin`): the family's processor.
+        is_main_process (`bool`): whether this process holds TRL's client of the server (server mode).
+        collects_processes (`bool`): TRL's backend gathers the prompts of several processes into one call.
+        filler_ids (`list[int]`): a text prompt that a process with no row to continue sends in their place.
+    """
+
+    def __init__(
+        self,
+        vllm_generation: Any,
+        mode: str,
+        family: ModelFamily,
+        processor: Any,
+        is_main_process: bool,
+        collects_processes: bool,
+        filler_ids: list[int],
+    ):
+        self.backend, self.mode, self.family, self.processor = vllm_generation, mode, family, processor
+        self.is_main_process, self.collects_processes = is_main_process, collects_processes
+        self._filler = list(filler_ids)
+        name_weights_for_vllm(vllm_generation, family)
+        self._videos = ColocatedVideos(vllm_generation) if mode == "colocate" else None
+        self.version: int | None = None  # the policy version whose weights the engine holds
+
+    def sync(self, version: int, profile: Any = None) -> None:
+        """Send the policy's weights to the engine unless it holds `version` already.
+
+        Args:
+            version (`int`): the policy's version (TRL's `state.global_step`).
+            profile (`Callable[[str], AbstractContextManager]`, *optional*): times a named block (TRL's profiling).
+        """
+        if version != self.version:
+            self.push(profile)
+            self.version = version
+
+    def push(self, profile: Any = None) -> None:
+        """Send the policy's weights to the engine now (TRL's sync, then vLLM's encoder cache emptied).
+
+        Args:
+            profile (`Callable[[str], AbstractContextManager]`, *optional*): times a named block (TRL's profiling).
+        """
+        with profile("sync_weights") if profile else nullcontext():
+            sync_weights(self.backend, self.mode, self.is_main_process)
+
+    def sample(
+        self,
+        rows: list[dict[str, Any]],
+        encoded: list[EncodedPrompt],
+        num_generations: int,
+        template_kwargs: dict[str, Any],
+        profile: Any = None,
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """The first turn: `(completion ids, the sampled tokens' log-probs)`, one per row.
+
+        Args:
+            rows (`list[dict]`): `{"prompt", "images", "videos"}` per row (`data.rows.load_rows`).
+            encoded (`list[EncodedPrompt]`): the rows' prompts as the trainer encodes them.
+            num_generations (`int`): G, the consecutive copies of each prompt.
+            template_kwargs (`dict`): `apply_chat_template`'s arguments (tools included).
+            profile (`Callable[[str], AbstractContextManager]`, *optional*): times a named block.
+        """
+        payload = build_vllm_payload(self.processor, self.family, rows, encoded, template_kwargs)
+        kwargs = vllm_generate_kwargs(
+            payload, num_generations, self.mode, expanded_prompt_ids=[e.input_ids for e in encoded]
+        )
+        with self._videos.passing(payload.videos) if self._videos else nullcontext():
+            vllm_prompt_ids, completion_ids, logprobs, _ = self.backend.generate(
+                **kwargs, profiler=profile("vLLM.generate") if profile else None
+            )
+        if self.mode == "colocate":
+            check_vllm_prompts(vllm_prompt_ids, [e.input_ids for e in encoded])
+        return [list(ids) for ids in completion_ids], [[lp[0] for lp in seq] for seq in logprobs]
+
+    def next_turns(
+        self,
+        histories: list[list[int]],
+        images: list[list | None],
+        most_rows: int,
+        profile: Any = None,
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """The next turn of rows that called a tool, from their histories (prompt, turns, tool results).
+
+        Args:
+            histories (`list[list[int]]`): the rows' ids, placeholders expanded.
+            images (`list`): each row's images (the prompt's, then the tools').
+            most_rows (`int`): the most rows any process sends this turn (agreed by every process).
+            profile (`Callable[[str], AbstractContextManager]`, *optional*): times a named block.
+        """
+        count = len(histories)
+        if self.collects_processes and count < most_rows:
+            histories = histories + [histories[0] if count else self._filler] * (most_rows - count)
+            images = images + [images[0] if count else None] * (most_rows - count)
+        elif count == 0:
+            return [], []
+        ids = vllm_history_prompts(self.family, self.processor, histories, self.mode)
+        _, completion_ids, logprobs, _ = self.backend.generate(
+            prompts=ids,
+            images=images if any(images) else None,
+            num_generations=1,
+            profiler=profile("vLLM.generate") if profile else None,
+        )
+        return (
+            [list(c) for c in completion_ids[:count]],
+            [[lp[0] for lp in seq] for seq in logprobs[:count]],
+        )
