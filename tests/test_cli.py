@@ -152,6 +152,7 @@ CHEAP_PATHS = {
     "train: missing config": ["train", "nope.yaml"],
     "train: unknown key": ["train", "{bad_yaml}"],
     "train: missing data config": ["train", "{no_data_yaml}"],
+    "train: missing model folder": ["train", "{no_data_yaml}", "--model_name_or_path", "./nope"],
     "eval --help": ["eval", "--help"],
     "eval: missing data": ["eval", "--model", "runs/nope", "--data", "nope.yaml"],
     "eval: missing model": ["eval", "--model", "nope", "--data", "{no_data_yaml}"],

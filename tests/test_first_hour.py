@@ -100,9 +100,47 @@ def terminal_lines(text: str) -> list[str]:
     return lines
 
 
-def test_no_signal_warning_stands_on_its_own_line_under_the_progress_bar(tiny_model, tmp_path):
-    from test_cli import vlm_grpo
+def on_a_terminal(*args: str, timeout: float = 300) -> tuple[int, str]:
+    """Run `vlm-grpo ARGS` with stdout and stderr on a pseudo-terminal 120 columns wide, as in an interactive shell;
+    returns the exit status and what the terminal received."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import subprocess
+    import sys
+    import termios
+    import time
 
+    from test_cli import ROOT
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vlm_grpo", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=follower,
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    os.close(follower)
+    received, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([leader], [], [], 1.0)[0]:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # every writer closed the terminal
+                break
+            if not chunk:
+                break
+            received.append(chunk)
+    os.close(leader)
+    return proc.wait(timeout=60), b"".join(received).decode(errors="replace")
+
+
+def test_no_signal_warning_stands_on_its_own_line_under_the_progress_bar(tiny_model, tmp_path):
     data = write_color_data(tmp_path / "data")
     config = write_train_yaml(
         tmp_path,
@@ -112,13 +150,13 @@ def test_no_signal_warning_stands_on_its_own_line_under_the_progress_bar(tiny_mo
         no_signal_warning_steps=1,
         no_signal_warning_every=1,
     )
-    result = vlm_grpo("train", str(config))
-    assert result.returncode == 0, result.stderr[-3000:]
-    shown = terminal_lines(result.stderr)
+    status, output = on_a_terminal("train", str(config))
+    assert status == 0, output[-3000:]
+    shown = terminal_lines(output)
     assert any("%|" in line and "2/2" in line for line in shown)  # the progress bar was drawn, to its end
     warnings = [line for line in shown if "No learning signal" in line]
     assert len(warnings) == 2  # after rollouts 1 and 2
-    record = re.compile(r"\d{4}-\d\d-\d\d [\d:,]+ WARNING vlm_grpo\.trainer: No learning signal for")
+    record = re.compile(r"\d{4}-\d\d-\d\d [\d:,]+ WARNING vlm_grpo[\w.]*: No learning signal for")
     for line in warnings:
         assert record.match(line), line  # from the line's start: nothing of the bar before it
 
@@ -131,6 +169,30 @@ def test_signal_watch_resets_when_groups_differ():
     message = watch.observe(1.0, 0.5, False, 4)
     assert "2 rollouts in a row" in message and "the same reward (mean 0.5)" in message
     assert SignalWatch(steps=0, every=1, samples_hint="").observe(1.0, 0.0, True, 1) is None  # off
+
+
+def test_no_signal_warning_says_when_no_completion_called_a_tool():
+    """With tools on and not one call in the rollouts without signal, the warning says so and points to the warm
+    start of docs/tools.md; one call among them, or tools off, gives the usual causes."""
+    never = SignalWatch(steps=2, every=10, samples_hint="runs/x/samples/")
+    assert never.observe(1.0, 0.0, True, 1, tool_call_frequency=0.0) is None
+    message = never.observe(1.0, 0.0, True, 2, tool_call_frequency=0.0)
+    assert "No completion called a tool in these rollouts" in message and "docs/tools.md" in message
+    assert "warm" in message and "runs/x/samples/" in message and "format a reward expects" not in message
+
+    once = SignalWatch(steps=2, every=10, samples_hint="runs/x/samples/")
+    assert once.observe(1.0, 0.0, True, 1, tool_call_frequency=0.25) is None  # a call, still no signal
+    message = once.observe(1.0, 0.0, True, 2, tool_call_frequency=0.0)
+    assert "called a tool" not in message and "format a reward expects" in message
+
+    after_signal = SignalWatch(steps=2, every=10, samples_hint="")
+    after_signal.observe(1.0, 0.0, True, 1, tool_call_frequency=0.5)
+    after_signal.observe(0.5, 0.3, False, 2, tool_call_frequency=0.5)  # a signal: the count starts over
+    after_signal.observe(1.0, 0.0, True, 3, tool_call_frequency=0.0)
+    assert "No completion called a tool" in after_signal.observe(1.0, 0.0, True, 4, tool_call_frequency=0.0)
+
+    off = SignalWatch(steps=1, every=10, samples_hint="")
+    assert "called a tool" not in off.observe(1.0, 0.0, True, 1)  # no tools: the message is unchanged
 
 
 def test_paged_generation_is_refused_in_its_own_words(tmp_path, recwarn):
@@ -245,6 +307,90 @@ def test_compact_line_reads_the_metrics_of_a_step():
     assert compact_line({"train_runtime": 3.0}, 3, 100) is None
 
 
+def test_compact_line_shows_tool_calls_and_failures():
+    from vlm_grpo.runtime.console import compact_line
+
+    logs = {"reward": 0.5, "reward_std": 0.25, "completions/mean_length": 30.0, "step_time": 1.3,
+            "tools/call_frequency": 0.75, "tools/failure_frequency": 0.25}  # fmt: skip
+    assert (
+        compact_line(logs, 4, 10)
+        == "step 4/10 | reward 0.5 ± 0.25 | length 30 | tools 0.75 calls/completion, 25% failed | 1.3 s/step"
+    )
+    evaluation = {"eval_reward": 1.0, "eval_tools/call_frequency": 1.0, "eval_tools/failure_frequency": 0.0}
+    assert compact_line(evaluation, 4, 10) == "eval step 4 | reward 1 | tools 1 calls/completion, 0% failed"
+    assert "tools" not in compact_line({"reward": 0.5}, 4, 10)  # tools off: no tools field
+
+
+def test_datasets_bars_are_off_when_the_output_is_piped():
+    """Piped (not a terminal), the command line turns the datasets library's progress bars off, as the training bar."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "from vlm_grpo.runtime.notices import quiet_third_party\nquiet_third_party()\n"
+        "from datasets.utils import are_progress_bars_disabled\nprint(are_progress_bars_disabled())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HF_DATASETS_DISABLE_PROGRESS_BARS"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.stdout.strip() == "True", result.stderr[-2000:]
+
+
+def test_missing_model_folder_is_named_in_a_second_before_the_data_loads(tmp_path):
+    """`model_name_or_path: runs/tiny-nope` with a `runs/` folder here (the README's smoke-run layout), or a path
+    starting with `.` on the command line: one line naming the path and the key, exit status 1, within seconds, and
+    before the data loads (the data config names an image that is gone, which loading would report instead)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    data = write_color_data(tmp_path / "data")
+    (tmp_path / "data" / "images" / "0.png").unlink()
+    (tmp_path / "runs").mkdir()
+    write_train_yaml(tmp_path, "runs/tiny-nope", data)
+    cases = {
+        "train.yaml: model_name_or_path: model folder runs/tiny-nope not found": [],
+        "--model_name_or_path: model folder ./nope not found": ["--model_name_or_path", "./nope"],
+    }
+    for expected, flags in cases.items():
+        start = time.perf_counter()
+        result = subprocess.run(
+            [sys.executable, "-m", "vlm_grpo", "train", "train.yaml", *flags],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            timeout=300,
+        )
+        seconds = time.perf_counter() - start
+        assert result.returncode == 1 and seconds < 10, (seconds, result.stderr[-3000:])
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"vlm-grpo train: error: {expected}"), lines
+        assert "fix the path, or give a hub id as owner/name" in lines[0]
+
+
+def test_a_model_path_is_a_hub_id_only_as_owner_name(tmp_path, monkeypatch):
+    """One rule for `vlm-grpo train` and `vlm-grpo eval`: `owner/name` whose owner is no folder here is a hub id (left
+    to `from_pretrained`); any other missing path is reported."""
+    from vlm_grpo.cli.evaluate import check_model_path, is_hub_id
+    from vlm_grpo.errors import VLMGRPOError
+
+    monkeypatch.chdir(tmp_path)
+    assert is_hub_id("Qwen/Qwen2.5-VL-3B-Instruct") and is_hub_id("runs/tiny-nope")
+    for path in ("./runs/x", "/abs/model", "~/models/x", "a/b/c", "nope", "a\\b", "runs/"):
+        assert not is_hub_id(path), path
+    (tmp_path / "runs").mkdir()
+    assert not is_hub_id("runs/tiny-nope")  # `runs` is a folder here: a local path
+    check_model_path("Qwen/Qwen2.5-VL-3B-Instruct", "--model")  # left to from_pretrained
+    with pytest.raises(VLMGRPOError, match=r"^--model: model folder runs/tiny-nope not found \(relative to"):
+        check_model_path("runs/tiny-nope", "--model")
+    with pytest.raises(VLMGRPOError, match=r"^t.yaml: model_name_or_path: runs holds no config.json"):
+        check_model_path("runs", "t.yaml: model_name_or_path")
+
+
 def test_train_command_is_quiet_and_ends_with_a_summary(tiny_model, tmp_path):
     from test_cli import vlm_grpo
 
@@ -261,6 +407,8 @@ def test_train_command_is_quiet_and_ends_with_a_summary(tiny_model, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert [line.split(" | ")[0] for line in lines if line.startswith("step ")] == ["step 1/2", "step 2/2"]
+    # piped, not a terminal: no progress bar, whose redraws would land between the step lines of a log
+    assert "\r" not in result.stdout + result.stderr and "it/s]" not in result.stderr
     assert (
         "{'loss'" not in result.stdout and "Warning" not in result.stderr and "use_cache" not in result.stderr
     )

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from .cli.evaluate import check_model_path
 from .cli.train_options import read_options, short_help
 from .dotted import import_dotted
 from .errors import EXIT_USER_ERROR, VLMGRPOError, did_you_mean, one_line, run_cli
@@ -260,6 +261,12 @@ class Early:
             return self.rest[self.rest.index(flag) + 1]
         return self.config.get(key, default)
 
+    def where(self, key: str) -> str:
+        """Where the option's value comes from, for a message: `CONFIG.yaml: key`, or `--key` on the command line."""
+        if self.config_path is not None and f"--{key}" not in self.rest:
+            return f"{self.config_path}: {key}"
+        return f"--{key}"
+
 
 def read_early(argv: list[str] | None) -> Early:
     """Read the YAML and flags, print the help or the usage, and check every input that needs no heavy import.
@@ -293,6 +300,23 @@ def read_early(argv: list[str] | None) -> Early:
     return early
 
 
+def check_model(early: Early) -> None:
+    """Refuse a `model_name_or_path` that reads as a local path and names no saved model, in a second, before the data
+    loads (instead of after the data and the hub's retries).
+
+    A value is a hub id when it reads `owner/name` and `owner` is no folder here; anything else (a path starting with
+    `.`, `/` or `~`, one with a further `/`, a bare name, `runs/x` with a `runs/` folder here) is a local path, which
+    must be a folder holding a saved model (see `vlm_grpo.cli.evaluate.is_hub_id`, the rule `vlm-grpo eval` follows).
+
+    Raises:
+        VLMGRPOError: the path is missing, a file, or a folder without `config.json`; the message names the path
+            and where it was set (`CONFIG.yaml: model_name_or_path` or `--model_name_or_path`).
+    """
+    model = early.value("model_name_or_path")
+    if model is not None:
+        check_model_path(str(model), early.where("model_name_or_path"))
+
+
 def read_datasets(early: Early) -> tuple[tuple, Any, Any]:
     """`(key, train, eval)`: the data configs read and checked (records, images) before the heavy imports.
 
@@ -302,10 +326,8 @@ def read_datasets(early: Early) -> tuple[tuple, Any, Any]:
     for key in ("data_config", "eval_data_config"):
         path = early.value(key)
         if path is not None and not Path(str(path)).is_file():
-            named = early.config_path and f"--{key}" not in early.rest
-            where = f"{early.config_path}: {key}" if named else f"--{key}"
             raise VLMGRPOError(
-                f"{where}: data config {path} not found (paths are relative to the working directory "
+                f"{early.where(key)}: data config {path} not found (paths are relative to the working directory "
                 f"{Path.cwd()}); fix the path."
             )
     from .data import load_data_config  # datasets, PIL and numpy: after the paths are checked
@@ -469,7 +491,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo train`."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     start = time.perf_counter()
-    datasets = read_datasets(read_early(argv))  # bad input is named before the heavy libraries load
+    early = read_early(argv)
+    check_model(early)
+    datasets = read_datasets(early)  # bad input is named before the heavy libraries load
     args = parse_args(argv)
     from .runtime.console import closing_summary
     from .runtime.notices import quiet_third_party

@@ -52,7 +52,8 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int = 500, seed: int = 0)
 
 
 def summary(task: str, result: dict[str, Any], seconds: float) -> str:
-    """One line: the held-out score at each stage and the end-to-end time.
+    """One line: the held-out score at each stage, the verdict (`vlm_grpo.demos.common.verdict_text`: the documented
+    score, which run it is for, and the target) and the end-to-end time.
 
     Args:
         task (`str`): the task's name.
@@ -71,7 +72,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vlm-grpo demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=list(TASKS), default="colour")
     parser.add_argument("--output_dir", default=None, help="default: runs/demo (colour), runs/demo-TASK")
-    parser.add_argument("--max_steps", type=int, default=None, help="GRPO steps; default: the task's own")
+    parser.add_argument(
+        "--max_steps",
+        type=int,
+        default=None,
+        help="GRPO steps; default: the task's own, the run whose scores docs/demos.md gives and the target is for",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--dynamic_sampling",

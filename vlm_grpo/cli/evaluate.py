@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # torch, transformers and TRL are imported once the inputs ar
 
 _NOT_REWARD_COLUMNS = ("prompt", "images", "image")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-"""A hub id, `org/name`: what a `--model` that is no folder here must look like."""
+"""A hub id, `owner/name`: what a model path that is no folder here must look like (see `is_hub_id`)."""
 
 
 def generate_texts(
@@ -125,7 +125,7 @@ def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
                 f"--model {model} is a LoRA adapter, and so is --adapter {adapter}; pass the base model as --model."
             )
         base = json.loads(open(config, encoding="utf-8").read()).get("base_model_name_or_path")
-        if not base or not (os.path.isdir(base) or "/" in base and not base.startswith((".", "/"))):
+        if not base or not (os.path.isdir(base) or is_hub_id(base)):
             raise VLMGRPOError(
                 f"{model} holds a LoRA adapter trained on {base!r}, which is not a folder here; pass "
                 f"--model BASE_MODEL_FOLDER --adapter {model}."
@@ -138,10 +138,62 @@ def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
     return model, adapter
 
 
+def is_hub_id(model: str) -> bool:
+    """Whether a model path that names nothing here is read as a Hugging Face hub id rather than a local path.
+
+    The one rule of every command that takes a model (`vlm-grpo train`'s `model_name_or_path`, `vlm-grpo eval`'s
+    `--model`, a LoRA adapter's base model): a hub id is `owner/name`, one `/` between two names of letters, digits,
+    `-`, `_` and `.` (each starting with a letter or digit), whose `owner` is no folder in the working directory.
+    Anything else is a local path: one starting with `.`, `/` or `~`, one with a further `/` (or a `\\`), a bare
+    name, or `runs/tiny` when a `runs/` folder is here.
+
+    Args:
+        model (`str`): the model path or hub id as given.
+    """
+    return bool(_HUB_ID.match(model)) and not Path(model.split("/", 1)[0]).is_dir()
+
+
+def check_model_path(model: str, where: str) -> None:
+    """Refuse a model path that names no saved model here and is no hub id (see `is_hub_id`), before any heavy import.
+
+    A folder must hold a saved model (`config.json`) or a LoRA adapter (`adapter_config.json`); a hub id is left to
+    `from_pretrained`.
+
+    Args:
+        model (`str`): the model path or hub id as given.
+        where (`str`): the option it came from, for the message (`"--model"`, `"train.yaml: model_name_or_path"`).
+
+    Raises:
+        VLMGRPOError: a local path that is missing, a file, or a folder without a saved model; the message names
+            `where` and the path.
+    """
+    folder = Path(model)
+    if folder.is_dir():
+        if not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
+            raise VLMGRPOError(
+                f"{where}: {model} holds no config.json (nor a LoRA adapter); point it at a saved model."
+            )
+        return
+    if folder.exists():
+        raise VLMGRPOError(
+            f"{where}: {model} is a file; point it at a model folder (or a hub id owner/name)."
+        )
+    if is_hub_id(model):
+        return
+    if model.startswith("~") and folder.expanduser().exists():
+        raise VLMGRPOError(
+            f"{where}: model folder {model} not found: `~` is not expanded there; write the full path."
+        )
+    relative = "" if folder.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+    raise VLMGRPOError(
+        f"{where}: model folder {model} not found{relative}; fix the path, or give a hub id as owner/name."
+    )
+
+
 def check_paths(model: str, data: str) -> None:
     """Refuse a `--model` or `--data` that names no file here, before any heavy import.
 
-    A `--model` that does not exist is taken for a hub id (`org/name`) when it can be one, as `from_pretrained`
+    A `--model` that does not exist is taken for a hub id when it reads as one (`is_hub_id`), as `from_pretrained`
     reads it; any other path must be a folder holding a saved model (`config.json`) or a LoRA adapter.
 
     Args:
@@ -153,18 +205,7 @@ def check_paths(model: str, data: str) -> None:
     """
     if not Path(data).is_file():
         raise VLMGRPOError(f"--data: data config {data} not found; pass the path of an existing YAML file.")
-    folder = Path(model)
-    if folder.is_dir():
-        if not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
-            raise VLMGRPOError(
-                f"--model: {model} holds no config.json (nor a LoRA adapter); point it at a saved model."
-            )
-        return
-    if folder.exists():
-        raise VLMGRPOError(f"--model: {model} is a file; point it at a model folder (or a hub id).")
-    under_local_folder = len(folder.parts) > 1 and Path(folder.parts[0]).is_dir()
-    if model.startswith((".", "/")) or under_local_folder or not _HUB_ID.match(model):
-        raise VLMGRPOError(f"--model: model folder {model} not found; check the path.")
+    check_model_path(model, "--model")
 
 
 def check_rewards_apply(funcs: Sequence[Any], dataset: Any) -> None:

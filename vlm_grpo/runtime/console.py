@@ -6,7 +6,9 @@ transformers' printed metric dicts. Either way the full metrics go to every `rep
 
 The progress bar shares the terminal with log records (the trainer's warnings, transformers' notices): on the command
 line every console log handler writes through `tqdm.write`, which clears the bar, writes the record on a line of its
-own and draws the bar again below it (see `write_logs_around_bars`).
+own and draws the bar again below it (see `write_logs_around_bars`). The bar is drawn only when stdout and stderr
+are both terminals (`vlm_grpo.runtime.notices.on_a_terminal`); piped or redirected, the output holds the step lines
+alone, without a bar's redraws between them.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from .notices import on_a_terminal
+
 
 def compact_line(logs: dict[str, Any], step: int, max_steps: int) -> str | None:
     """`step 3/100 | reward 0.42 ± 0.31 | kl 0.0012 | length 18.5 | 2.1 s/step` from one `on_log` record.
 
+    With tools (the record has `tools/call_frequency`), `tools 0.75 calls/completion, 12% failed` comes before the
+    step time: the tool calls per completion and the share of calls that failed (`tools/failure_frequency`).
     Evaluation records read `eval step 3 | reward ...`; the end-of-training record and records without a reward give
     None.
     """
@@ -35,13 +41,27 @@ def compact_line(logs: dict[str, Any], step: int, max_steps: int) -> str | None:
     spread = logs.get(f"{prefix}reward_std")
     parts.append(f"reward {reward:.3g}" + ("" if spread is None else f" ± {spread:.2g}"))
     for key, label, fmt in (("kl", "kl", ".3g"), ("completions/mean_length", "length", ".3g")):
-        value = logs.get(f"{prefix}{key}")
-        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+        value = _number(logs, f"{prefix}{key}")
+        if value is not None:
             parts.append(f"{label} {value:{fmt}}")
+    calls, failures = (
+        _number(logs, f"{prefix}tools/call_frequency"),
+        _number(logs, f"{prefix}tools/failure_frequency"),
+    )
+    if calls is not None:
+        parts.append(
+            f"tools {calls:.3g} calls/completion" + ("" if failures is None else f", {failures:.0%} failed")
+        )
     seconds = logs.get("step_time")
     if seconds is not None:
         parts.append(f"{seconds:.2g} s/step")
     return " | ".join(parts)
+
+
+def _number(logs: dict[str, Any], key: str) -> float | None:
+    """The record's value of `key`, or None when it is missing or NaN."""
+    value = logs.get(key)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
 class CompactProgressCallback(ProgressCallback):
@@ -104,9 +124,14 @@ def write_logs_around_bars() -> None:
 
 def use_compact_console(trainer: Any) -> None:
     """Replace the trainer's metric-dict printers by their compact versions, and keep log records off the progress
-    bar's line (`write_logs_around_bars`)."""
+    bar's line (`write_logs_around_bars`).
+
+    Off a terminal (`vlm_grpo.runtime.notices.on_a_terminal` is False: output piped or redirected) the progress bar
+    goes too: the step lines are printed alone (`CompactPrinterCallback`).
+    """
+    bar = CompactProgressCallback if on_a_terminal() else CompactPrinterCallback
     for full, compact in (
-        (ProgressCallback, CompactProgressCallback),
+        (ProgressCallback, bar),
         (PrinterCallback, CompactPrinterCallback),
     ):
         if trainer.pop_callback(full) is not None:

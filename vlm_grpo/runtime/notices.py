@@ -2,7 +2,10 @@
 
 Deprecation warnings raised inside the libraries' own calls, a setting the trainer makes on purpose (gradient
 checkpointing turns the generation cache off during training), DeepSpeed's note that it runs on the CPU,
-bitsandbytes' note about an optional kernel, and transformers' load and save progress bars.
+bitsandbytes' note about an optional kernel, and transformers' load and save progress bars. When the output is not
+a terminal (piped to `tee`, redirected to a log file), the datasets library's progress bars are off too, and
+`vlm_grpo.runtime.console` prints the step lines without the training progress bar: a bar redraws itself with
+carriage returns, which a log keeps between the step lines.
 """
 
 from __future__ import annotations
@@ -34,8 +37,19 @@ class _Drop(logging.Filter):
 _DROP = _Drop()
 
 
+def on_a_terminal() -> bool:
+    """Whether stdout and stderr are both terminals, the only case where progress bars are drawn on the command line.
+
+    The step lines go to stdout and the bars to stderr: when either is piped or redirected, a bar's redraws land
+    in the log or on the screen between the step lines (`vlm-grpo train ... | tee log` shows both on the terminal,
+    out of step).
+    """
+    return all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
+
+
 def quiet_third_party() -> None:
-    """Silence the known notices of transformers, DeepSpeed and bitsandbytes that a user cannot act on.
+    """Silence the known notices of transformers, DeepSpeed and bitsandbytes that a user cannot act on, and the
+    datasets library's progress bars when the output is not a terminal (`on_a_terminal`).
 
     Imports nothing heavy: called first by every command, and again once transformers is imported (its records
     reach the handler transformers installs then).
@@ -48,6 +62,13 @@ def quiet_third_party() -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+    # the datasets library's bars (`map` in TRL's SFTTrainer, ...) off a terminal: read when datasets loads, set
+    # here too if it is loaded already (unless the environment asks for them)
+    if not on_a_terminal() and os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1") == "1":
+        if "datasets" in sys.modules:
+            from datasets.utils import disable_progress_bars
+
+            disable_progress_bars()
     # a record reaches the handlers of its library's logger, and those of the root logger where the library
     # propagates (transformers does when the environment sets CI=1)
     root = logging.getLogger()

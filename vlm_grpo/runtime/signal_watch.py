@@ -4,7 +4,9 @@ GRPO learns from differences within a group: when the G completions of every pro
 advantage is 0, the loss and its gradient are 0, and training goes on without moving. That happens with one's own
 data on a fresh model when it never produces the format a reward expects, or when a reward ignores the completion.
 `SignalWatch` counts such rollouts and says so once `no_signal_warning_steps` of them come in a row, then every
-`no_signal_warning_every` rollouts while it lasts.
+`no_signal_warning_every` rollouts while it lasts. With tools, when no completion of those rollouts called a tool,
+the warning says so: a model that never calls a tool is never rewarded for a call, and a warm start on a few
+conversations that call it gives GRPO its first calls (docs/tools.md).
 """
 
 from __future__ import annotations
@@ -24,8 +26,17 @@ class SignalWatch:
     def __init__(self, steps: int, every: int, samples_hint: str):
         self.steps, self.every, self.samples_hint = steps, every, samples_hint
         self.run = 0
+        # tool calls per completion, summed over the rollouts without signal in a row; None: no tools
+        self.calls: float | None = 0.0
 
-    def observe(self, frac_zero_std: float, mean_reward: float, all_zero: bool, step: int) -> str | None:
+    def observe(
+        self,
+        frac_zero_std: float,
+        mean_reward: float,
+        all_zero: bool,
+        step: int,
+        tool_call_frequency: float | None = None,
+    ) -> str | None:
         """Record one rollout; return the warning when one is due.
 
         Args:
@@ -33,11 +44,18 @@ class SignalWatch:
             mean_reward (`float`): mean reward of the rollout.
             all_zero (`bool`): every reward of the rollout was 0.
             step (`int`): the optimizer step the rollout feeds, for the message.
+            tool_call_frequency (`float | None`, *optional*, defaults to `None`): tool calls per completion in the
+                rollout (TRL's `tools/call_frequency`); `None` when the run has no tools. When it is 0 on every
+                rollout of the run without signal, the warning says that no completion called a tool.
         """
         if frac_zero_std < 1.0 and not all_zero:
-            self.run = 0
+            self.run, self.calls = 0, 0.0
             return None
         self.run += 1
+        if tool_call_frequency is None or self.calls is None:
+            self.calls = None
+        else:
+            self.calls += tool_call_frequency
         due = self.run == self.steps or (self.run > self.steps and (self.run - self.steps) % self.every == 0)
         if not self.steps or not due:
             return None
@@ -47,9 +65,18 @@ class SignalWatch:
             else "every group's completions got the same reward"
             + ("" if math.isnan(mean_reward) else f" (mean {mean_reward:.3g})")
         )
+        if self.calls == 0:  # tools on, and not one call in the rollouts without signal
+            cause = (
+                "No completion called a tool in these rollouts: a model that never calls a tool is never rewarded "
+                "for a call. Warm-start it on a few conversations that call the tool (see docs/tools.md on "
+                "warm-starting a model that never calls a tool)."
+            )
+        else:
+            cause = (
+                "Likely causes: the model never produces the format a reward expects (try a warm start or a more "
+                "lenient format), or a reward ignores the completion."
+            )
         return (
             f"No learning signal for {self.run} rollouts in a row (up to step {step}): {seen}, so every advantage "
-            "and the loss are 0 and the model does not change. Likely causes: the model never produces the format "
-            "a reward expects (try a warm start or a more lenient format), or a reward ignores the completion. "
-            f"Read the completions in {self.samples_hint}."
+            f"and the loss are 0 and the model does not change. {cause} Read the completions in {self.samples_hint}."
         )
