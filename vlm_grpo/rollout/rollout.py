@@ -60,7 +60,7 @@ class RolloutSettings:
         num_generations_eval (`int`): G in evaluation.
         max_completion_length (`int`): the completion budget, tool results included.
         chat_template_kwargs (`dict`): TRL's `chat_template_kwargs`.
-        context_length (`int`, *optional*): most tokens the model places (prompt and completion), if it says.
+        model_config (`PretrainedConfig`, *optional*): the policy's config (its context length).
         tool_chat_template (`str`, *optional*): with tools, TRL's training chat template.
         encode_features_after_sampling (`bool`): frozen vision under ZeRO-3 over several processes, with vLLM or tools:
             every row's image features are computed in one gathered context after sampling (see `_image_inputs`).
@@ -71,7 +71,7 @@ class RolloutSettings:
     num_generations_eval: int
     max_completion_length: int
     chat_template_kwargs: dict[str, Any]
-    context_length: int | None = None
+    model_config: Any = None
     tool_chat_template: str | None = None
     encode_features_after_sampling: bool = False
     report_to: list[str] = field(default_factory=list)
@@ -291,7 +291,8 @@ class Rollout:
 
     def _check_context(self, item: EncodedPrompt, row: dict[str, Any]) -> None:
         """A prompt plus its completion must fit the model's context; say why when its media make it too long."""
-        context, budget = self.settings.context_length, self.settings.max_completion_length
+        config, budget = self.settings.model_config, self.settings.max_completion_length
+        context = None if config is None else self.family.context_length(config)
         if context is None or len(item.input_ids) + budget <= context:
             return
         image_token_id = self.family.image_token_id(self.processor)

@@ -125,7 +125,7 @@ def build_rollout(trainer: Any, generation_config: Any, fast: FastGeneration) ->
         num_generations_eval=trainer.num_generations_eval,
         max_completion_length=trainer.max_completion_length,
         chat_template_kwargs=trainer.chat_template_kwargs,
-        context_length=family.context_length(model_config),
+        model_config=model_config,
         tool_chat_template=trainer.chat_template if trainer.tools else None,
         encode_features_after_sampling=(
             trainer.image_features is not None

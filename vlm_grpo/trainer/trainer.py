@@ -51,8 +51,9 @@ from ..rollout.vllm.cpu import keep_linear_weights_plain
 from ..rollout.vllm.generation import release_process_groups
 from ..rollout.vllm.payload import check_vllm_architecture, check_vllm_cpu_attention, warn_vllm_cpu_image_mask
 from ..runtime.monitoring import PhaseTimer, step_metrics
-from ..runtime.sample_log import samples_path, write_step_samples
+from ..runtime.sample_log import samples_path
 from ..runtime.signal_watch import SignalWatch
+from ..runtime.step_samples import write_step_samples
 from ..trl_options import check_tool_template, refuse_trainer_arguments
 from . import parts
 from . import setup as setup
