@@ -15,7 +15,7 @@ from PIL import Image, ImageChops
 from vlm_grpo.cli.demo import main as demo_main
 from vlm_grpo.data import load_data_config
 from vlm_grpo.demos import zoom
-from vlm_grpo.demos.multi_turn import parse_call, supervised_row
+from vlm_grpo.demos.multi_turn import parse_call, supervised_row, tool_conversations
 from vlm_grpo.demos.zoom_scene import (
     PATTERNS,
     QUARTER,
@@ -93,8 +93,12 @@ def test_warm_start_rows_train_the_assistant_turns_only(tmp_path):
     model_dir = zoom.demo_model(tmp_path / "model", seed=0)
     processor = AutoProcessor.from_pretrained(model_dir)
     rows = load_data_config(data["warm"], seed=0)
-    (messages, images), *_ = zoom.warm_conversations(rows, ["checks"] * len(rows))
+    answers = ["checks"] * len(rows)
+    (messages, images), *_ = tool_conversations(
+        rows, zoom.warm_calls(rows), answers, environment_factory=ZoomScene
+    )
     assert len(images) == 2 and images[1].size == (QUARTER, QUARTER)
+    assert images[1].tobytes() == _row_quarter(rows[0]).tobytes()  # the tool ran on the row's own scene
     ids, labels = supervised_row(processor, messages, images, [ZoomScene().zoom])
     trained = [i for i, label in zip(ids, labels, strict=True) if label != -100]
     text = processor.tokenizer.decode(trained)
@@ -103,11 +107,40 @@ def test_warm_start_rows_train_the_assistant_turns_only(tmp_path):
         f'<tool_call>\n{{"name": "zoom", "arguments": {{"region": {region}}}}}\n</tool_call><|im_end|>checks<|im_end|>'
     )
     assert processor.image_token_id not in trained  # the tool's image is read, not trained
-    without = zoom.warm_conversations(rows, ["rows"] * len(rows), tool=False)[0]
+    without = tool_conversations(rows, zoom.warm_calls(rows, tool=False), ["rows"] * len(rows))[0]
     ids, labels = supervised_row(processor, *without, [])
     assert processor.tokenizer.decode([i for i, label in zip(ids, labels, strict=True) if label != -100]) == (
         "rows<|im_end|>"
     )
+
+
+def _row_quarter(row):
+    """The quarter of the row's full-resolution scene that its question asks about."""
+    x, y = (row["region"] - 1) % 2 * QUARTER, (row["region"] - 1) // 2 * QUARTER
+    with Image.open(row["scene"]) as scene:
+        return scene.convert("RGB").crop((x, y, x + QUARTER, y + QUARTER))
+
+
+def test_the_verdict_says_which_run_the_documented_figure_is_for():
+    default = zoom.verdict(0.5, seed=0, tool=True)
+    assert default == (
+        f"documented for seed 0: {zoom.DOCUMENTED[0]:.3f} held out after {zoom.MAX_STEPS} steps (the default run); "
+        "target >= 0.8: missed"
+    )
+    assert zoom.verdict(0.9, seed=0, tool=True).endswith("target >= 0.8: met")
+    short = zoom.verdict(0.5, seed=1, tool=True, max_steps=2)
+    assert "missed" not in short
+    assert short == (
+        f"documented for seed 1: {zoom.DOCUMENTED[1]:.3f} held out after {zoom.MAX_STEPS} steps (the default run); "
+        f"this run trained 2 steps; target >= 0.8: not reached in 2 steps (the target is for the default run's "
+        f"{zoom.MAX_STEPS})"
+    )
+    assert zoom.verdict(0.9, seed=1, tool=True, max_steps=2).endswith("target >= 0.8: met")
+    assert zoom.verdict(0.5, seed=0, tool=True, max_steps=zoom.MAX_STEPS + 10).endswith(
+        "target >= 0.8: missed"
+    )
+    assert "documented" not in zoom.verdict(0.5, seed=len(zoom.DOCUMENTED), tool=True, max_steps=2)
+    assert "chance is 0.25" in zoom.verdict(0.25, seed=0, tool=False, max_steps=2)
 
 
 def test_zoom_demo_runs_with_tool_calls_and_tool_images(tmp_path):
@@ -144,10 +177,8 @@ def test_zoom_demo_runs_with_tool_calls_and_tool_images(tmp_path):
     page = Path(result["samples"]).read_text()
     shown_calls = re.findall(r"<pre>[^<]*zoom\(\{[^<]*<img src=\"data:image/png;base64,", page)
     assert shown_calls and "[image]" not in page
-    assert (
-        "target >= 0.8" in result["verdict"]
-        and f"documented for seed 0: {zoom.DOCUMENTED[0]:.3f}" in result["verdict"]
-    )
+    assert result["verdict"] == zoom.verdict(result["after"]["accuracy"], 0, True, max_steps=2)
+    assert "this run trained 2 steps" in result["verdict"] and "missed" not in result["verdict"]
     log = json.loads((tmp_path / "run" / "model" / "trainer_state.json").read_text())["log_history"]
     assert any(entry.get("tools/call_frequency", 0) > 0 for entry in log)
 

@@ -6,7 +6,7 @@ data on a fresh model when it never produces the format a reward expects, or whe
 `SignalWatch` counts such rollouts and says so once `no_signal_warning_steps` of them come in a row, then every
 `no_signal_warning_every` rollouts while it lasts. With tools, when no completion of those rollouts called a tool,
 the warning says so: a model that never calls a tool is never rewarded for a call, and a warm start on a few
-conversations that call it gives GRPO its first calls (docs/tools.md).
+conversations that call it gives GRPO its first calls (docs/tools.md#a-model-that-never-calls-a-tool-warm-start).
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class SignalWatch:
         if self.calls == 0:  # tools on, and not one call in the rollouts without signal
             cause = (
                 "No completion called a tool in these rollouts: a model that never calls a tool is never rewarded "
-                "for a call. Warm-start it on a few conversations that call the tool (see docs/tools.md on "
-                "warm-starting a model that never calls a tool)."
+                "for a call. Warm-start it on a few conversations that call the tool "
+                "(docs/tools.md#a-model-that-never-calls-a-tool-warm-start)."
             )
         else:
             cause = (
