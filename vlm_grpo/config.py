@@ -43,6 +43,11 @@ class VLMGRPOConfig(GRPOConfig):
             together on Qwen3-VL, Qwen3.5 and GLM (refused on InternVL and Gemma 4; see docs/families.md).
         video_max_pixels (`int | None`, defaults to None): upper bound on a video's pixels after resizing, as
             `video_min_pixels` bounds them.
+        video_sampler (`str`, defaults to `"processor"`): who picks a video's frames and sizes them: `"processor"`,
+            the family's video processor, or `"qwen_vl_utils"` (Qwen families only; the `video` extra), qwen-vl-utils'
+            `process_vision_info` as the Qwen model cards run it, with `video_fps` as its `fps`, `video_max_frames`
+            as its `max_frames` and `video_min_pixels` / `video_max_pixels` as its per-frame `min_pixels` /
+            `max_pixels`. Sample as the model will be served (see docs/data.md); refused with `use_vllm`.
         share_prompt_prefix (`str`, defaults to `"auto"`): run each group's prompt (image included) once and share
             its KV cache across the G completions, in generation and in every log-prob pass (old, reference,
             policy). Exact: log-probs match full forwards within float rounding. `"true"` always, `"false"` never,
@@ -104,6 +109,13 @@ class VLMGRPOConfig(GRPOConfig):
         metadata={
             "help": "Maximum pixels of a video after resizing: each frame's (Qwen2/2.5-VL) or all frames' together "
             "(Qwen3-VL, Qwen3.5, GLM)."
+        },
+    )
+    video_sampler: str = field(
+        default="processor",
+        metadata={
+            "help": "Who picks and sizes a video's frames: processor (the family's video processor) or "
+            "qwen_vl_utils (qwen-vl-utils, as the Qwen model cards; Qwen families only).",
         },
     )
     share_prompt_prefix: str = field(
@@ -208,6 +220,16 @@ class VLMGRPOConfig(GRPOConfig):
             raise VLMGRPOError(f"tool_timeout must be a positive number of seconds, got {self.tool_timeout}.")
         if not self.video_fps > 0:
             raise VLMGRPOError(f"video_fps must be a positive number, got {self.video_fps}.")
+        if self.video_sampler not in ("processor", "qwen_vl_utils"):
+            raise VLMGRPOError(
+                f"video_sampler must be processor or qwen_vl_utils, got {self.video_sampler!r}."
+            )
+        if self.video_sampler == "qwen_vl_utils" and self.use_vllm:
+            raise VLMGRPOError(
+                "video_sampler: qwen_vl_utils with use_vllm: true: vLLM's processor would resize qwen-vl-utils' frames "
+                "again, so vLLM would not sample from the trainer's video; set use_vllm: false, or video_sampler: "
+                "processor."
+            )
         if self.video_min_pixels and self.video_max_pixels and self.video_min_pixels > self.video_max_pixels:
             raise VLMGRPOError(
                 f"video_min_pixels ({self.video_min_pixels}) must not exceed video_max_pixels ({self.video_max_pixels})."
@@ -261,13 +283,17 @@ class VLMGRPOConfig(GRPOConfig):
         return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "max_tiles": self.max_tiles}
 
     def video_kwargs(self) -> dict[str, Any]:
-        """The video sampling and size knobs as keyword arguments for `ModelFamily.configure_video`."""
-        return {
+        """The video sampling and size knobs as keyword arguments for `ModelFamily.configure_video`; `sampler` only
+        when it is not the default, so that a family's `configure_video` that takes none still takes the rest."""
+        kwargs: dict[str, Any] = {
             "fps": self.video_fps,
             "max_frames": self.video_max_frames,
             "min_pixels": self.video_min_pixels,
             "max_pixels": self.video_max_pixels,
         }
+        if self.video_sampler != "processor":
+            kwargs["sampler"] = self.video_sampler
+        return kwargs
 
 
 def sharing_mode(value: str | bool) -> str:

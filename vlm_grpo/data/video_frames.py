@@ -15,17 +15,24 @@ and PyAV ships its own FFmpeg), except that:
   `MIN_VIDEO_FRAMES` frames are errors naming the file, not a shorter or failed video.
 
 A list of frame files is taken as already sampled, at `fps` frames per second (as qwen-vl-utils takes one).
+
+`decode_video_qwen_vl_utils` decodes a video as the Qwen model cards' pipeline does instead
+(`qwen_vl_utils.process_vision_info`, the optional `video` extra): qwen-vl-utils' own `fetch_video` picks the frames
+and sizes them, and PyAV decodes the frames it picks from a file.
 """
 
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
+import torch
+from PIL import Image
 from transformers.video_utils import VideoMetadata
 
 from ..errors import VLMGRPOError
@@ -38,7 +45,8 @@ class DecodedVideo:
     """One video's sampled frames.
 
     Attributes:
-        frames (`np.ndarray`): `[T, H, W, 3]` uint8 RGB frames.
+        frames (`np.ndarray | torch.Tensor`): `[T, H, W, 3]` uint8 RGB frames, or, decoded by qwen-vl-utils, its
+            `[T, 3, H, W]` float32 frames (RGB values 0-255), already resized.
         metadata (`VideoMetadata`): source fps, total frames and the sampled frames' indices.
         name (`str`): the file (or first frame file) it came from, for messages.
     """
@@ -232,12 +240,7 @@ def decode_video(
     """
     video = stored_video(video)
     name = video_name(video)
-    gone = [file for file in (video["path"], *video["frames"]) if file and not os.path.isfile(file)]
-    if gone:
-        raise VLMGRPOError(
-            f"Video file {gone[0]!r} of a training row is gone: the data loader found it readable, and nothing is "
-            "there now (moved or deleted since); restore it, or remove its records from the data and restart."
-        )
+    _check_present(video)
     try:
         if video["path"]:
             frames, metadata = read_video_file(
@@ -270,6 +273,20 @@ def decode_video(
     return DecodedVideo(frames, metadata, name)
 
 
+def _check_present(video: Mapping[str, Any]) -> None:
+    """Refuse a stored video whose file or frame files are gone since the data loader read them.
+
+    Raises:
+        `VLMGRPOError`: a file is gone; the message names it.
+    """
+    gone = [file for file in (video["path"], *video["frames"]) if file and not os.path.isfile(file)]
+    if gone:
+        raise VLMGRPOError(
+            f"Video file {gone[0]!r} of a training row is gone: the data loader found it readable, and nothing is "
+            "there now (moved or deleted since); restore it, or remove its records from the data and restart."
+        )
+
+
 def processor_video_kwargs(videos: Sequence[DecodedVideo]) -> dict[str, Any]:
     """The processor arguments of decoded videos: the frames, their metadata, no second sampling, and the sampled
     frame rate (which Qwen2.5-VL's processor turns into each temporal patch's duration).
@@ -283,4 +300,199 @@ def processor_video_kwargs(videos: Sequence[DecodedVideo]) -> dict[str, Any]:
         "video_metadata": [video.metadata for video in videos],
         "do_sample_frames": False,
         "fps": next(iter(rates)) if len(rates) == 1 else [video.metadata.sampled_fps for video in videos],
+    }
+
+
+# ------------------------------------------------------------------------------------------------- qwen-vl-utils
+def qwen_vl_utils() -> types.ModuleType:
+    """qwen-vl-utils' `vision_process` module (the optional `video` extra), imported on first use.
+
+    Raises:
+        `VLMGRPOError`: qwen-vl-utils is not installed.
+    """
+    try:
+        from qwen_vl_utils import vision_process
+    except ImportError as error:
+        raise VLMGRPOError(
+            "video_sampler: qwen_vl_utils needs the qwen-vl-utils package, which is not installed: install the "
+            "video extra (pip install 'vlm-grpo[video]'), or set video_sampler: processor."
+        ) from error
+    return vision_process
+
+
+def qwen_vl_utils_element(
+    video: str | Sequence[str] | Mapping[str, Any],
+    fps: float,
+    max_frames: int | None = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+) -> dict[str, Any]:
+    """A video as a message content entry that `qwen_vl_utils.process_vision_info` reads, as the Qwen model cards
+    write one: a file with `fps` (and `max_frames`), a list of frame files with `sample_fps` (qwen-vl-utils keeps
+    every frame of a list, and takes it at that rate), and the per-frame `min_pixels` / `max_pixels` for both; an
+    option left None is left out, so that qwen-vl-utils' own default applies.
+
+    Args:
+        video (`str | Sequence[str] | Mapping`): the video, as `stored_video` takes it.
+        fps (`float`): frames per second sampled from a file, and the rate of a list of frame files.
+        max_frames (`int | None`, *optional*, defaults to `None`): most frames sampled from a file.
+        min_pixels (`int | None`, *optional*, defaults to `None`): lower bound on each frame's pixels after resizing.
+        max_pixels (`int | None`, *optional*, defaults to `None`): upper bound on each frame's pixels after resizing.
+    """
+    video = stored_video(video)
+    if video["path"]:
+        element: dict[str, Any] = {"type": "video", "video": video["path"], "fps": fps}
+        if max_frames is not None:
+            element["max_frames"] = max_frames
+    else:
+        element = {"type": "video", "video": list(video["frames"]), "sample_fps": fps}
+    for key, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+        if value is not None:
+            element[key] = value
+    return element
+
+
+def decode_video_qwen_vl_utils(
+    video: str | Sequence[str] | Mapping[str, Any],
+    fps: float,
+    max_frames: int | None = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    image_patch_size: int = 14,
+) -> DecodedVideo:
+    """Decode one video as `qwen_vl_utils.process_vision_info` does for the entry `qwen_vl_utils_element` writes: the
+    same frames (how many, which ones) at the same size, with the same metadata, by qwen-vl-utils' own `fetch_video`.
+
+    qwen-vl-utils reads a file with the reader its `FORCE_QWENVL_VIDEO_READER` environment variable names, else with
+    torchcodec or decord if installed, else with torchvision's `read_video`, which the torchvision releases this
+    package runs with no longer have. So, unless that variable names a reader, its `fetch_video` runs here with PyAV as
+    its reader (`_read_for_qwen_vl_utils`: the frames its `smart_nframes` counts, spread as its decord and torchcodec
+    readers spread them); it sizes them itself. A list of frame files needs no reader.
+
+    Args:
+        video (`str | Sequence[str] | Mapping`): the video, as `stored_video` takes it.
+        fps (`float`): frames per second sampled from a file, and the rate of a list of frame files.
+        max_frames (`int | None`, *optional*, defaults to `None`): most frames sampled from a file (qwen-vl-utils
+            rounds it down to an even count; None: its 768).
+        min_pixels (`int | None`, *optional*, defaults to `None`): lower bound on each frame's pixels (None: its
+            128 tokens' worth).
+        max_pixels (`int | None`, *optional*, defaults to `None`): upper bound on each frame's pixels, below its own
+            (768 tokens' worth, and the video's share of its `total_pixels`).
+        image_patch_size (`int`, *optional*, defaults to 14): the vision tower's patch size (14 for Qwen2-VL and
+            Qwen2.5-VL, 16 for Qwen3-VL and Qwen3.5), as `process_vision_info` takes it.
+
+    Raises:
+        `VLMGRPOError`: qwen-vl-utils is not installed, or the video is gone, cannot be decoded, has fewer than
+            `MIN_VIDEO_FRAMES` frames or frames of different sizes; the message names the file.
+    """
+    video = stored_video(video)
+    name = video_name(video)
+    _check_present(video)
+    if not video["path"]:
+        if not video["frames"]:
+            raise VLMGRPOError(
+                "A training row holds a video with neither a file nor frames; give one of them."
+            )
+        reason = too_few_frames(len(video["frames"]), "the list")
+        if reason is not None:
+            raise VLMGRPOError(f"Cannot use video {name!r} of a training row: {reason}.")
+        sizes = set()
+        for file in video["frames"]:
+            with Image.open(file) as image:
+                sizes.add(image.size)
+        if len(sizes) > 1:
+            raise VLMGRPOError(
+                f"The frames of video {name!r} differ in size ({sorted(sizes)} as width x height); give frames of one "
+                "size."
+            )
+    vision_process = qwen_vl_utils()
+    element = qwen_vl_utils_element(video, fps, max_frames, min_pixels, max_pixels)
+    fetch = vision_process.fetch_video
+    if video["path"] and vision_process.FORCE_QWENVL_VIDEO_READER is None:
+        fetch = _fetch_video_with_pyav(vision_process)
+    try:
+        (frames, metadata), _ = fetch(
+            element,
+            image_patch_size=image_patch_size,
+            return_video_sample_fps=True,
+            return_video_metadata=True,
+        )
+    except (OSError, ValueError) as error:
+        raise VLMGRPOError(
+            f"Cannot decode video {name!r} of a training row with qwen-vl-utils: {error}"
+        ) from error
+    return DecodedVideo(frames, VideoMetadata(**metadata), name)
+
+
+def _fetch_video_with_pyav(vision_process: types.ModuleType) -> Callable[..., Any]:
+    """qwen-vl-utils' `fetch_video` with PyAV as its reader of video files: the same function, run over its module's
+    names except its readers, each of which (its fallback included) is `_read_for_qwen_vl_utils` here. Its module is
+    left as it is.
+
+    Args:
+        vision_process (`ModuleType`): `qwen_vl_utils.vision_process`.
+    """
+    reader = partial(_read_for_qwen_vl_utils, vision_process)
+    names = {
+        **vars(vision_process),
+        "VIDEO_READER_BACKENDS": {"pyav": reader, "torchvision": reader},
+        "get_video_reader_backend": lambda: "pyav",
+    }
+    fetch = vision_process.fetch_video
+    return types.FunctionType(fetch.__code__, names, fetch.__name__, fetch.__defaults__, fetch.__closure__)
+
+
+def _read_for_qwen_vl_utils(
+    vision_process: types.ModuleType, element: dict[str, Any]
+) -> tuple[torch.Tensor, dict[str, Any], float]:
+    """Read a video file as qwen-vl-utils' readers read one (`_read_video_decord`, `_read_video_torchcodec`), with
+    PyAV: from the frames in its `calculate_video_frame_range`, the number its `smart_nframes` gives, at indices spread
+    evenly from the first to the last (rounded), decoded by `read_video_file`.
+
+    Args:
+        vision_process (`ModuleType`): `qwen_vl_utils.vision_process`.
+        element (`dict`): the message content entry (`video`, `fps`, `max_frames`, ...).
+
+    Returns:
+        `tuple[torch.Tensor, dict, float]`: the frames `[T, 3, H, W]` uint8, their metadata (`fps`, `frames_indices`,
+        `total_num_frames`, `video_backend`) and the sampled frame rate, as its readers return them.
+
+    Raises:
+        `OSError` or `ValueError`: the file is unreadable, holds too few frames, or decodes fewer frames than its header
+            declares.
+    """
+
+    def frame_range(metadata: VideoMetadata) -> tuple[int, int, int]:
+        return vision_process.calculate_video_frame_range(element, metadata.total_num_frames, metadata.fps)
+
+    def sample(metadata: VideoMetadata) -> list[int]:
+        start, end, count = frame_range(metadata)
+        count = vision_process.smart_nframes(element, total_frames=count, video_fps=metadata.fps)
+        return torch.linspace(start, end, count).round().long().tolist()
+
+    frames, metadata = read_video_file(element["video"], sample)
+    indices = list(metadata.frames_indices)
+    total = frame_range(metadata)[2]
+    info = {
+        "fps": metadata.fps,
+        "frames_indices": indices,
+        "total_num_frames": total,
+        "video_backend": "pyav",
+    }
+    return torch.from_numpy(frames).permute(0, 3, 1, 2), info, len(indices) / max(total, 1e-6) * metadata.fps
+
+
+def qwen_vl_utils_processor_kwargs(videos: Sequence[DecodedVideo]) -> dict[str, Any]:
+    """The processor arguments of videos decoded by qwen-vl-utils, as the Qwen3-VL model card passes them: the frames,
+    their metadata, and no second sampling or resizing (in `videos_kwargs`, so that the prompt's images are still
+    resized by the image processor).
+
+    Args:
+        videos (`Sequence[DecodedVideo]`): the prompt's videos from `decode_video_qwen_vl_utils`, in placeholder order
+            (not empty).
+    """
+    return {
+        "videos": [video.frames for video in videos],
+        "video_metadata": [video.metadata for video in videos],
+        "videos_kwargs": {"do_sample_frames": False, "do_resize": False},
     }

@@ -105,6 +105,8 @@ class ModelFamily:
     def __init__(self, model_type: str | None = None):
         """Args: model_type (`str | None`): the `config.model_type` served; defaults to the first of `model_types`."""
         self.model_type = model_type or self.model_types[0]
+        self.video_sampling = "processor"
+        """How videos are sampled and sized (`configure_video`'s `sampler`): one of `video_samplers()`."""
 
     # ----------------------------------------------------------------------------------------------- loading
     def model_class(self) -> type:
@@ -192,6 +194,7 @@ class ModelFamily:
         max_frames: int | None = None,
         min_pixels: int | None = None,
         max_pixels: int | None = None,
+        sampler: str = "processor",
     ) -> None:
         """Set how the family's video processor samples and sizes videos, in place. Nothing for a family that reads no
         video (a prompt with a video is refused when it is encoded).
@@ -202,7 +205,21 @@ class ModelFamily:
             max_frames (`int | None`, defaults to None): most frames sampled from a video (None: the processor's).
             min_pixels (`int | None`, defaults to None): the video processor's lower pixel bound (family-specific).
             max_pixels (`int | None`, defaults to None): the video processor's upper pixel bound (family-specific).
+            sampler (`str`, *optional*, defaults to `"processor"`): who samples and sizes videos, one of
+                `video_samplers()`: `"processor"`, the family's video processor, or `"qwen_vl_utils"`, qwen-vl-utils
+                as the Qwen model cards run it (`config.video_sampler`).
+
+        Raises:
+            `VLMGRPOError`: a bound or `sampler` the family does not take.
         """
+        offered = self.video_samplers()
+        if sampler not in offered:
+            raise VLMGRPOError(
+                f"video_sampler: {sampler} is not offered for {self.model_type} models, whose videos are sampled by: "
+                f"{', '.join(offered)} (qwen_vl_utils is the Qwen-VL model cards' pipeline, for the Qwen families); "
+                "set video_sampler: processor."
+            )
+        self.video_sampling = sampler
         if max_frames is not None and self.video_frames_uncapped:
             raise VLMGRPOError(
                 f"{self.model_type}'s video processor samples video_fps frames per second and caps no frame count: "
@@ -225,6 +242,11 @@ class ModelFamily:
             raise VLMGRPOError(
                 f"{type(self).__name__} has no video pixel bounds; remove video_min_pixels and video_max_pixels."
             )
+
+    def video_samplers(self) -> tuple[str, ...]:
+        """The values of `config.video_sampler` the family takes: `"processor"` (its video processor's own sampling)
+        only, by default."""
+        return ("processor",)
 
     def video_sampler(self, processor: ProcessorMixin) -> Callable[..., Any]:
         """How the family picks the frames of a video file: `fn(metadata=VideoMetadata) -> indices`, by default its
@@ -286,7 +308,16 @@ class ModelFamily:
         Args:
             processor (`ProcessorMixin`): the family's processor, its video processor configured.
             video (`dict`): the video as the dataset stores it (`{"path", "frames"}`).
+
+        Raises:
+            `VLMGRPOError`: videos are sampled by another than the processor (`video_sampler`), whose frames vLLM's
+                processor would resize again.
         """
+        if self.video_sampling != "processor":
+            raise VLMGRPOError(
+                f"video_sampler: {self.video_sampling} frames do not reach vLLM unchanged (its processor resizes them "
+                "again); set use_vllm: false, or video_sampler: processor."
+            )
         decoded = decode_video(
             video, processor.video_processor, processor.video_processor.fps, self.video_sampler(processor)
         )
@@ -388,8 +419,8 @@ class ModelFamily:
             chat_template_kwargs (`dict | None`, defaults to None): extra arguments of `apply_chat_template` (e.g.
                 `{"enable_thinking": False}`), as TRL's `chat_template_kwargs`.
             videos (`Sequence[dict] | None`, defaults to None): the videos as the dataset stores them
-                (`{"path", "frames"}`), in placeholder order; decoded here with the processor's frame sampling
-                (`vlm_grpo.data.video_frames.decode_video`).
+                (`{"path", "frames"}`), in placeholder order; decoded here with the configured sampling
+                (`video_inputs`).
         """
         text = processor.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
@@ -416,10 +447,7 @@ class ModelFamily:
                     f"{self.no_video_reason()}, but a prompt holds {len(videos)} (first: {video_name(videos[0])}); "
                     "remove the videos from the data, or train a family that reads video (see docs/families.md)."
                 )
-            fps, sampler = processor.video_processor.fps, self.video_sampler(processor)
-            video_kwargs = processor_video_kwargs(
-                [decode_video(v, processor.video_processor, fps, sampler) for v in videos]
-            )
+            video_kwargs = self.video_inputs(processor, videos)
         encoded = processor(text=[text], images=images or None, return_tensors="pt", **video_kwargs)
         keys = self.image_input_keys + self.video_input_keys if images or videos else ()
         image_inputs = {k: torch.as_tensor(encoded[k]) for k in keys if k in encoded}
@@ -428,6 +456,20 @@ class ModelFamily:
             image_inputs=image_inputs,
             num_images=len(images),
             num_videos=len(videos),
+        )
+
+    def video_inputs(self, processor: ProcessorMixin, videos: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The processor arguments of a prompt's videos: each decoded with the frames its video processor samples
+        (`video_sampler`, `vlm_grpo.data.video_frames.decode_video`), and no second sampling.
+
+        Args:
+            processor (`ProcessorMixin`): the family's processor, its video processor configured.
+            videos (`Sequence[dict]`): the videos as the dataset stores them (`{"path", "frames"}`), in placeholder
+                order (not empty).
+        """
+        fps, sampler = processor.video_processor.fps, self.video_sampler(processor)
+        return processor_video_kwargs(
+            [decode_video(v, processor.video_processor, fps, sampler) for v in videos]
         )
 
     def encode_images(self, processor: ProcessorMixin, images: Sequence[Any]) -> dict[str, torch.Tensor]:

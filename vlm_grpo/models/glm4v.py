@@ -117,12 +117,14 @@ class Glm4vFamily(Qwen2VLFamily):
         max_frames: int | None = None,
         min_pixels: int | None = None,
         max_pixels: int | None = None,
+        sampler: str = "processor",
     ) -> None:
-        """As Qwen3-VL's (`min_pixels` / `max_pixels` bound all the sampled frames' pixels together). GLM's video
+        """As Qwen3-VL's (`min_pixels` / `max_pixels` bound all the sampled frames' pixels together; GLM offers only
+        the processor's `sampler`). GLM's video
         processor caps a file by its duration instead of a frame count: a video longer than `max_duration` seconds gets
         `max_duration * fps` frames spread over it. `max_frames` sets that duration, so that no file yields more than
         `max_frames` frames (one more where it is odd: GLM pairs frames, repeating the last)."""
-        super().configure_video(processor, fps, None, min_pixels, max_pixels)
+        super().configure_video(processor, fps, None, min_pixels, max_pixels, sampler)
         if max_frames is not None:
             processor.video_processor.max_duration = (max_frames + 0.5) / fps
 

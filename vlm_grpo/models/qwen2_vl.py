@@ -6,7 +6,9 @@ Images become a flat sequence of patches (`pixel_values` `[N_patches, C*T*P*P]`)
 
 Videos likewise: `pixel_values_videos` `[N_patches, C*T*P*P]` described by `video_grid_thw` `[N_videos, 3]`, plus
 Qwen2.5-VL's `second_per_grid_ts` `[N_videos]` (seconds per temporal patch, which its M-RoPE spaces frames by);
-Qwen3-VL writes each frame's timestamp as text before it instead.
+Qwen3-VL writes each frame's timestamp as text before it instead. With `video_sampler: qwen_vl_utils`, a video's
+frames are those the model cards' `qwen_vl_utils.process_vision_info` picks and sizes
+(`vlm_grpo.data.video_frames.decode_video_qwen_vl_utils`), which the processor takes as they are.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from transformers import (
     Qwen3VLForConditionalGeneration,
 )
 
+from ..data.video_frames import decode_video_qwen_vl_utils, qwen_vl_utils, qwen_vl_utils_processor_kwargs
 from ..errors import VLMGRPOError
 from .base import ModelFamily
 
@@ -47,6 +50,9 @@ class Qwen2VLFamily(ModelFamily):
         "vision_start_token_id",
         "vision_end_token_id",
     )
+    qwen_vl_utils_model_types: ClassVar[tuple[str, ...]] = model_types
+    """The model types whose videos qwen-vl-utils, the Qwen model cards' pipeline, may sample (`video_sampler:
+    qwen_vl_utils`); a subclass names its own (one that inherits these serves none of them)."""
     _classes: ClassVar[dict[str, type]] = {
         "qwen2_vl": Qwen2VLForConditionalGeneration,
         "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
@@ -82,12 +88,26 @@ class Qwen2VLFamily(ModelFamily):
         max_frames: int | None = None,
         min_pixels: int | None = None,
         max_pixels: int | None = None,
+        sampler: str = "processor",
     ) -> None:
         """As `ModelFamily.configure_video`; `min_pixels` / `max_pixels` set the video processor's `size`
         (`shortest_edge` / `longest_edge`), which bounds the pixels of each sampled frame in Qwen2-VL and Qwen2.5-VL
         (`Qwen2VLVideoProcessor`), and of all the sampled frames together (frames x height x width) in Qwen3-VL,
-        Qwen3-VL MoE and Qwen3.5 (`Qwen3VLVideoProcessor`); `tests/test_video_files.py` pins both."""
-        super().configure_video(processor, fps, max_frames)
+        Qwen3-VL MoE and Qwen3.5 (`Qwen3VLVideoProcessor`); `tests/test_video_files.py` pins both.
+
+        With `sampler="qwen_vl_utils"`, qwen-vl-utils samples and sizes each video instead, with `fps`, `max_frames`
+        and `min_pixels` / `max_pixels` as its per-frame `min_pixels` / `max_pixels` (see `video_inputs`); the video
+        processor's `size` is left as it is (it does not resize those frames)."""
+        super().configure_video(processor, fps, max_frames, sampler=sampler)
+        if sampler == "qwen_vl_utils":
+            self._qwen_vl_utils_options = {
+                "fps": fps,
+                "max_frames": max_frames,
+                "min_pixels": min_pixels,
+                "max_pixels": max_pixels,
+            }
+            self._check_qwen_vl_utils_bounds(processor, min_pixels, max_pixels)
+            return
         size = processor.video_processor.size
         if min_pixels is not None:
             size["shortest_edge"] = min_pixels
@@ -97,6 +117,44 @@ class Qwen2VLFamily(ModelFamily):
             raise VLMGRPOError(
                 f"video_min_pixels ({size['shortest_edge']}) must not exceed video_max_pixels ({size['longest_edge']})."
             )
+
+    def video_samplers(self) -> tuple[str, ...]:
+        """`"processor"`, and `"qwen_vl_utils"` for the model types whose model cards sample videos with qwen-vl-utils
+        (`qwen_vl_utils_model_types`)."""
+        if self.model_type in self.qwen_vl_utils_model_types:
+            return ("processor", "qwen_vl_utils")
+        return ("processor",)
+
+    def _check_qwen_vl_utils_bounds(
+        self, processor: ProcessorMixin, min_pixels: int | None, max_pixels: int | None
+    ) -> None:
+        """Refuse a `max_pixels` below the per-frame minimum qwen-vl-utils would apply (`min_pixels`, else its default
+        of `VIDEO_MIN_TOKEN_NUM` tokens' worth), which it would fail on for every video (qwen-vl-utils is imported
+        here, so that a missing install is reported when the trainer is built)."""
+        vision_process = qwen_vl_utils()
+        factor = processor.video_processor.patch_size * vision_process.SPATIAL_MERGE_SIZE
+        floor = min_pixels if min_pixels is not None else vision_process.VIDEO_MIN_TOKEN_NUM * factor**2
+        if max_pixels is not None and max_pixels < floor:
+            raise VLMGRPOError(
+                f"video_max_pixels ({max_pixels}) is below the pixels qwen-vl-utils gives each frame at least "
+                f"({floor}: video_min_pixels, else its {vision_process.VIDEO_MIN_TOKEN_NUM} tokens of "
+                f"{factor}x{factor} pixels); with video_sampler: qwen_vl_utils, raise video_max_pixels or set "
+                "video_min_pixels below it."
+            )
+
+    def video_inputs(self, processor: ProcessorMixin, videos: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """As `ModelFamily.video_inputs`; with `video_sampler: qwen_vl_utils`, each video's frames, their size and
+        metadata are those `qwen_vl_utils.process_vision_info` gives for the video's entry (`fps`, `max_frames`,
+        `min_pixels`, `max_pixels`, the vision tower's `image_patch_size`), and the processor neither samples nor
+        resizes them again, as in the model cards' pipeline."""
+        if self.video_sampling != "qwen_vl_utils":
+            return super().video_inputs(processor, videos)
+        patch_size = processor.video_processor.patch_size
+        decoded = [
+            decode_video_qwen_vl_utils(video, image_patch_size=patch_size, **self._qwen_vl_utils_options)
+            for video in videos
+        ]
+        return qwen_vl_utils_processor_kwargs(decoded)
 
     def image_tokens(
         self,

@@ -26,6 +26,8 @@ class Qwen3_5Family(Qwen2VLFamily):
     """Module for `qwen3_5` and `qwen3_5_moe` checkpoints."""
 
     model_types: ClassVar[tuple[str, ...]] = ("qwen3_5", "qwen3_5_moe")
+    qwen_vl_utils_model_types: ClassVar[tuple[str, ...]] = model_types
+    """Its videos may be sampled by qwen-vl-utils, as Qwen3-VL's (`video_sampler: qwen_vl_utils`)."""
     indexable_cache: ClassVar[bool] = False
     _classes: ClassVar[dict[str, type]] = {
         "qwen3_5": Qwen3_5ForConditionalGeneration,

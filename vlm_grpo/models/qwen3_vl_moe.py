@@ -26,6 +26,8 @@ class Qwen3VLMoeFamily(Qwen2VLFamily):
     """Module for `qwen3_vl_moe` checkpoints."""
 
     model_types: ClassVar[tuple[str, ...]] = ("qwen3_vl_moe",)
+    qwen_vl_utils_model_types: ClassVar[tuple[str, ...]] = model_types
+    """Its videos may be sampled by qwen-vl-utils, as Qwen3-VL's (`video_sampler: qwen_vl_utils`)."""
     _classes: ClassVar[dict[str, type]] = {"qwen3_vl_moe": Qwen3VLMoeForConditionalGeneration}
 
     def model_class(self) -> type:
