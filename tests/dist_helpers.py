@@ -402,3 +402,53 @@ def even_ids_agree(completions, id=None, **kwargs) -> list[float]:
     rank, rank 0 first sees even records and rank 1 odd ones."""
     varying = probe_reward(completions, id=id, **kwargs)
     return [1.0 if record_id % 2 == 0 else value for record_id, value in zip(id, varying, strict=True)]
+
+
+# ------------------------------------------------------------------------------------------------------- tools
+_ZOOM_CALLS = {"count": 0}
+
+
+def tool_zoom(region: int) -> list | str:
+    """Show one quarter of the image, enlarged.
+
+    Args:
+        region: the quarter, 0 to 3.
+    """
+    from PIL import Image
+
+    _ZOOM_CALLS["count"] += 1
+    if (
+        os.environ.get("RANK") == "1" and _ZOOM_CALLS["count"] % 2 == 0
+    ):  # every second call on process 1: text
+        return f"quarter {region} is red"
+    return [
+        {"type": "image", "image": Image.new("RGB", (32, 32), (220, 30, 30))},
+        {"type": "text", "text": "zoomed"},
+    ]
+
+
+def tool_count(word: str) -> str:
+    """Count the letters of a word.
+
+    Args:
+        word: the word.
+    """
+    return str(len(word))
+
+
+def tool_probe_reward(completions, trainer_state=None, **kwargs) -> list[float]:
+    """`probe_reward`'s varying rewards over every turn, and per process and step what each row got back from its
+    tools: `{"rows": [[calls, tool images], ...]}` in `tools_rank{RANK}.jsonl` of `VLM_GRPO_PROBE_DIR`."""
+    rows = []
+    for messages in completions:
+        results = [m for m in messages if m["role"] == "tool"]
+        images = sum(
+            isinstance(p, dict) and p.get("type") == "image" for m in results for p in (m["content"] or [])
+        )
+        rows.append([len(results), images])
+    probe_dir = os.environ.get("VLM_GRPO_PROBE_DIR")
+    if probe_dir:
+        with open(Path(probe_dir) / f"tools_rank{os.environ.get('RANK', '0')}.jsonl", "a") as f:
+            f.write(json.dumps({"step": getattr(trainer_state, "global_step", None), "rows": rows}) + "\n")
+    texts = [" ".join(str(m.get("content") or "") for m in messages) for messages in completions]
+    return [len(t) + (zlib.crc32(t.encode()) % 1000) / 1000 for t in texts]

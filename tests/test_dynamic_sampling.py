@@ -317,9 +317,9 @@ def test_a_group_is_dropped_exactly_when_its_advantages_are_all_zero(aggregation
         batch = torch.cat(groups)  # [6*G, F]
         advantages, _, _ = group_advantages(batch, weights, g, scale, aggregation)
         expected = [bool(a.abs().max() <= 1e-6) for a in advantages.view(-1, g)]
-        assert no_signal(batch, weights, g, scale, aggregation) == expected
+        assert no_signal(batch, weights, g, aggregation) == expected
         # whether a group carries a signal does not depend on the groups beside it
-        assert [no_signal(r, weights, g, scale, aggregation)[0] for r in groups] == expected
+        assert [no_signal(r, weights, g, aggregation)[0] for r in groups] == expected
 
 
 def test_normalize_then_sum_keeps_a_group_whose_weighted_sum_ties():
@@ -331,8 +331,8 @@ def test_normalize_then_sum_keeps_a_group_whose_weighted_sum_ties():
     rewards, weights = torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([1.0, 2.0])
     advantages, _, _ = group_advantages(rewards, weights, 2, "group", "normalize_then_sum")
     torch.testing.assert_close(advantages, torch.tensor([-0.7071, 0.7071]), atol=1e-3, rtol=0)
-    assert no_signal(rewards, weights, 2, "group", "normalize_then_sum") == [False]
-    assert no_signal(rewards, weights, 2, "group", "sum_then_normalize") == [True]
+    assert no_signal(rewards, weights, 2, "normalize_then_sum") == [False]
+    assert no_signal(rewards, weights, 2, "sum_then_normalize") == [True]
 
 
 @pytest.mark.parametrize(
@@ -345,6 +345,23 @@ def test_groups_without_a_scorable_pair_are_dropped(rewards):
     from vlm_grpo.rollout.dynamic_sampling import no_signal
 
     assert no_signal(torch.tensor(rewards), torch.tensor([1.0]), 2) == [True]
+
+
+@pytest.mark.parametrize("scale", [1e-7, 1.0, 1e4])
+def test_only_rounding_counts_as_no_signal_whatever_the_rewards_scale(scale):
+    """`scale_rewards: none` with a small length penalty: rewards that differ by 1e-6 of their scale (a spread TRL
+    trains on: its advantages are not zero, and below 1e-6 on rewards up to 1, where an absolute tolerance would drop
+    the group) are kept; rewards equal up to float rounding are dropped."""
+    from vlm_grpo.advantages import group_advantages
+    from vlm_grpo.rollout.dynamic_sampling import no_signal
+
+    weights = torch.tensor([1.0])
+    penalised = torch.tensor([[scale], [scale * (1 - 1e-6)]])  # a penalty of 1e-6 of the reward
+    rounded = torch.tensor([[scale * 0.1 * 3], [scale * 0.3]])  # equal but for float rounding
+    advantages = group_advantages(penalised, weights, 2, "none")[0]
+    assert 0 < advantages.abs().max() < 1e-6 * max(scale, 1)  # TRL trains on it
+    assert no_signal(penalised, weights, 2) == [False]
+    assert no_signal(rounded, weights, 2) == [True]
 
 
 def test_the_trainer_decides_with_its_own_aggregation(tiny_model, tmp_path):

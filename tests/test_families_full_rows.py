@@ -21,10 +21,11 @@ from conftest import FULL_ROW_FAMILIES, color_rows, grpo_args, length_reward
 from datasets import Dataset
 from test_vllm_payload import family_setup  # noqa: F401  (fixture)
 
-import vlm_grpo.trainer.logps
 from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.models import get_model_family
+from vlm_grpo.rollout import generation
 from vlm_grpo.testing import a_family_with
+from vlm_grpo.trainer import logps
 
 
 @pytest.mark.parametrize("family", FULL_ROW_FAMILIES)
@@ -66,8 +67,8 @@ def test_every_pass_runs_full_rows_with_one_log_line(family, tiny_model, tmp_pat
     """With `share_prompt_prefix: true`, generation and every log-prob pass still run full rows."""
     assert get_model_family(tiny_model(family)).indexable_cache is False
     shared_calls = []
-    for name in ("shared_prefix_logps", "shared_prefix_generate"):
-        monkeypatch.setattr(vlm_grpo.trainer.trainer, name, lambda *a, _n=name, **k: shared_calls.append(_n))
+    for module, name in ((logps, "shared_prefix_logps"), (generation, "shared_prefix_generate")):
+        monkeypatch.setattr(module, name, lambda *a, _n=name, **k: shared_calls.append(_n))
     with caplog.at_level(logging.INFO, logger="vlm_grpo.trainer.trainer"):
         trainer = VLMGRPOTrainer(
             model=tiny_model(family),

@@ -195,7 +195,7 @@ def warm_start_with_tools(
             initialised model learns the call with far more (the zoom demo's tiny model: `3e-3`, 16 epochs).
         batch_size (`int`, *optional*, defaults to `8`): conversations per step.
         seed (`int`, *optional*, defaults to `0`): seed of the order.
-        device (`str`, *optional*, defaults to `None`): where the model trains (`"cpu"`, `"cuda:1"`, ...); `None` is
+        device (`str`, *optional*, defaults to `None`): where the model trains (a torch device name); `None` is
             the first GPU when there is one, else the CPU.
 
     Returns:
@@ -237,11 +237,13 @@ def warm_start_conversations(
         batch_size (`int`, *optional*, defaults to `16`): conversations per step.
         seed (`int`, *optional*, defaults to `0`): seed of the order.
         device (`str`, *optional*, defaults to `None`): where the model trains; `None` is the first GPU when there is
-            one, else the CPU.
+            one (or NPU), else the CPU.
     """
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from ..device import default_device
+
+    device = device or default_device()
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype="float32").to(device)
     rows = [supervised_row(processor, m, images, tools) for m, images in conversations]

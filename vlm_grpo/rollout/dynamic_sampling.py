@@ -6,9 +6,11 @@ and the others dropped, and extra rounds sample fresh prompts (a group each) unt
 generation batch's number of informative groups, for at most `dynamic_sampling_max_rounds` extra rounds. A refill
 round never draws a prompt already sampled in the same generation batch (kept or dropped).
 
-A group is dropped exactly when the trainer's advantages for it are all zero (`no_signal`): the advantage
-computation itself decides, with the run's `scale_rewards` and `multi_objective_aggregation`, so every aggregation,
-scaling and pattern of None rewards agrees with what training would do with the group.
+A group is dropped exactly when the rewards its advantages are computed from agree within float rounding
+(`no_signal`): its weighted sums (`sum_then_normalize`), or each function's rewards (`normalize_then_sum`), differ by
+at most `REWARD_RTOL` of their own magnitude, so that only rounding counts as no signal, whatever the rewards' scale
+(a length penalty of 1e-7 on rewards near zero is a signal, and TRL trains on it); every pattern of None rewards
+agrees with the advantages training computes (an unscorable row, or a group's only scorable row, has advantage zero).
 
 At the cap, `dynamic_sampling_at_cap` decides:
 - `"error"` stops with a one-line error giving the share of groups without signal, as DAPO's reference (verl's
@@ -36,8 +38,8 @@ import torch
 from ..advantages import group_advantages
 from ..errors import VLMGRPOError
 
-ADVANTAGE_ATOL = 1e-6
-"""An advantage at most this far from zero counts as zero (float rounding of a mean of equal rewards)."""
+REWARD_RTOL = 4 * torch.finfo(torch.float32).eps
+"""Rewards of a group that differ by at most this share of their magnitude agree (float rounding, about 5e-7)."""
 
 
 @dataclass
@@ -85,29 +87,40 @@ def no_signal(
     rewards: torch.Tensor,
     weights: torch.Tensor,
     num_generations: int,
-    scale_rewards: str = "group",
     multi_objective_aggregation: str = "sum_then_normalize",
 ) -> list[bool]:
-    """Per group of G consecutive rows, whether the trainer's advantages for it are all zero.
+    """Per group of G consecutive rows, whether the rewards its advantages come from agree within float rounding.
 
-    The advantages are computed as training computes them (`group_advantages` with the run's options) over these
-    rows. Whether a group's advantages are all zero does not depend on the other groups of the batch: with
-    `sum_then_normalize` a row's advantage is its reward minus its group's mean (scaled by a positive std), and with
-    `normalize_then_sum` each group's normalised, weighted rewards have mean zero, so the batch mean they are
-    compared with is zero too. Unscorable rows (every reward None) have advantage zero, as in TRL; so does the only
-    scorable row of a group.
+    With `sum_then_normalize` a row's advantage is its weighted reward minus its group's mean (scaled by a positive
+    std): zero for the whole group exactly when the group's weighted sums agree. With `normalize_then_sum` each
+    function is normalised within the group, so every function's rewards must agree. Rounding is measured against
+    the rewards' own magnitude (`REWARD_RTOL`), not an absolute tolerance, so that a small but real spread is kept.
+    Unscorable rows (every reward None) are left out, as their advantage is zero in TRL; a group with at most one
+    scorable row has no signal.
 
     Args:
         rewards (`torch.Tensor`): `[n, F]` rewards, NaN where a function returned None.
         weights (`torch.Tensor`): `[F]` reward weights.
         num_generations (`int`): G.
-        scale_rewards (`str`, *optional*, defaults to `"group"`): the run's `scale_rewards`.
         multi_objective_aggregation (`str`, *optional*, defaults to `"sum_then_normalize"`): the run's option.
     """
-    advantages, _, _ = group_advantages(
-        rewards, weights, num_generations, scale_rewards, multi_objective_aggregation
-    )  # [n]
-    return advantages.view(-1, num_generations).abs().le(ADVANTAGE_ATOL).all(dim=1).tolist()
+    if multi_objective_aggregation == "normalize_then_sum":
+        columns = rewards.view(-1, num_generations, rewards.size(1))  # [n/G, G, F]
+    else:
+        summed = group_advantages(rewards, weights, num_generations, "none", multi_objective_aggregation)[
+            1
+        ]  # [n]
+        columns = summed.view(-1, num_generations, 1)  # [n/G, G, 1]
+    return [all(_agree(group[:, f]) for f in range(group.size(1))) for group in columns]
+
+
+def _agree(values: torch.Tensor) -> bool:
+    """Whether the scorable `values` `[G]` (NaN: none) agree within `REWARD_RTOL` of their magnitude."""
+    scorable = values[~torch.isnan(values)]
+    if scorable.numel() <= 1:
+        return True
+    spread = (scorable.max() - scorable.min()).item()
+    return spread <= REWARD_RTOL * scorable.abs().max().item()
 
 
 def keep_count(informative: int, needed: int, num_generations: int, micro_batches: int) -> int:
@@ -134,7 +147,6 @@ class DynamicSampling:
         micro_batches (`int`): micro-batches a generation batch is cut into; "keep" trains on a number of groups that
             fills them equally.
         weights (`torch.Tensor`): `[F]` reward weights.
-        scale_rewards (`str`, *optional*, defaults to `"group"`): the run's `scale_rewards`.
         multi_objective_aggregation (`str`, *optional*, defaults to `"sum_then_normalize"`): the run's option.
     """
 
@@ -145,12 +157,11 @@ class DynamicSampling:
         at_cap: str,
         micro_batches: int,
         weights: torch.Tensor,
-        scale_rewards: str = "group",
         multi_objective_aggregation: str = "sum_then_normalize",
     ):
         self.g, self.max_rounds, self.at_cap = num_generations, max_rounds, at_cap
         self.micro_batches, self.weights = micro_batches, weights
-        self.scale_rewards, self.aggregation = scale_rewards, multi_objective_aggregation
+        self.aggregation = multi_objective_aggregation
 
     def collect(
         self,
@@ -180,7 +191,7 @@ class DynamicSampling:
         return collected
 
     def _sort(self, current: Round, collected: Collected) -> None:
-        flat = no_signal(current.rewards, self.weights, self.g, self.scale_rewards, self.aggregation)
+        flat = no_signal(current.rewards, self.weights, self.g, self.aggregation)
         for group, dropped in enumerate(flat):
             (collected.dropped if dropped else collected.kept).append((current, group))
 

@@ -6,13 +6,15 @@ under ZeRO-3 as TRL gathers it (`unwrap_model_for_generation`), without gradient
 features (`policy.image_features`). Where the batch shares each group's prompt, or `fast_generation` decodes from a
 static cache, the prompts are prefilled here (`policy.shared_prefix`) and `generate` continues from their cache.
 
-Every process calls it the same number of times per batch, rows or not: ZeRO-3 gathers the model collectively on
-entering it, so a process whose rows made no tool call still enters it for each later turn (and samples nothing).
+Under ZeRO-3 over several processes every forward call starts with a collective (DeepSpeed's parameter
+coordinator, even with the whole model gathered), and `generate` keeps every process decoding until all are done: so
+every process calls it the same number of times per batch, by the same path (shared prefix or full rows), with at
+least one row (the tool loop hands a process whose rows made no call a filler row; see `tools.ToolLoop`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -44,10 +46,6 @@ class GenerateSettings:
         gather_for_generation (`bool`): TRL's `ds3_gather_for_generation`.
         gradient_checkpointing (`bool`): TRL turns checkpointing off for generation and on after it.
         gradient_checkpointing_kwargs (`dict`, *optional*): its arguments.
-        synced_gpus (`bool`): `generate` keeps every process decoding until all are done; needed only where the
-            forward itself runs collectives (ZeRO-3 over several processes with the parameters left partitioned).
-            With the whole model gathered (TRL's default) each process decodes on its own, so that a process with no
-            row to continue need not generate at all.
     """
 
     generation_config: GenerationConfig
@@ -58,14 +56,14 @@ class GenerateSettings:
     gather_for_generation: bool
     gradient_checkpointing: bool
     gradient_checkpointing_kwargs: dict[str, Any] | None
-    synced_gpus: bool = False
 
 
 class TransformersSampler:
     """Samples completions with the policy's `generate`.
 
     Args:
-        model (`torch.nn.Module`): the policy as the trainer wraps it (`model_wrapped`: DeepSpeed, DDP).
+        policy (`Callable[[], torch.nn.Module]`): the policy as the trainer wraps it now (`model_wrapped`: DeepSpeed,
+            DDP), which `Trainer.train` wraps after construction.
         accelerator (`Accelerator`): the trainer's.
         family (`ModelFamily`): the policy's family module.
         processor (`ProcessorMixin`): the family's processor.
@@ -76,7 +74,7 @@ class TransformersSampler:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        policy: Callable[[], torch.nn.Module],
         accelerator: Accelerator,
         family: ModelFamily,
         processor: Any,
@@ -84,7 +82,7 @@ class TransformersSampler:
         fast: FastGeneration,
         image_features: ImageFeatureCache | None,
     ):
-        self.model, self.accelerator, self.family, self.processor = model, accelerator, family, processor
+        self.policy, self.accelerator, self.family, self.processor = policy, accelerator, family, processor
         self.settings, self.image_features = settings, image_features
         self.fast = fast
 
@@ -109,24 +107,18 @@ class TransformersSampler:
         prompt_ids, prompt_mask = self._left_padded([e.input_ids for e in encoded])  # [B, P]
         image_inputs = [e.image_inputs for e in encoded]
         max_new = self.settings.generation_config.max_new_tokens
-        max_cache_len = self.fast.max_cache_len(prompt_ids.size(1), max_new) if encoded else None
+        max_cache_len = self.fast.max_cache_len(prompt_ids.size(1), max_new)
         with self.generating(image_inputs) as model:
-            if not encoded:
-                return []
             if shared or max_cache_len is not None:  # the rows continue from a cache prefilled here
                 output = shared_prefix_generate(
                     model, base_model(self.accelerator, model), self.family, prompt_ids, prompt_mask,
                     image_inputs, max_cache_len=max_cache_len, share=shared,
-                    generation_config=self.fast_generation_config, synced_gpus=self.settings.synced_gpus,
+                    generation_config=self.fast_generation_config,
                 )  # fmt: skip
             else:
-                config = self.accelerator.unwrap_model(self.model).config
+                config = self.accelerator.unwrap_model(self.policy()).config
                 inputs = self.family.model_inputs(config, prompt_ids, prompt_mask, image_inputs)
-                output = model.generate(
-                    **inputs,
-                    generation_config=self.settings.generation_config,
-                    synced_gpus=self.settings.synced_gpus,
-                )
+                output = model.generate(**inputs, generation_config=self.settings.generation_config)
         return self.cut(output[:, prompt_ids.size(1) :])
 
     def next_turns(
@@ -171,12 +163,10 @@ class TransformersSampler:
             [h[len(p.input_ids) :] for h, p in zip(histories, prompts, strict=True)]
         )  # [B, T]
         with self.generating(image_inputs) as model:
-            if not prompts:
-                return []
             output = shared_prefix_continue(
                 model, base_model(self.accelerator, model), self.family, prompt_ids, prompt_mask,
                 continuation_ids, continuation_mask, image_inputs,
-                generation_config=self.settings.generation_config, synced_gpus=self.settings.synced_gpus,
+                generation_config=self.settings.generation_config,
             )  # fmt: skip
         return self.cut(output[:, prompt_ids.size(1) + continuation_ids.size(1) :])
 
@@ -187,7 +177,7 @@ class TransformersSampler:
         settings = self.settings
         with (
             unwrap_model_for_generation(
-                self.model,
+                self.policy(),
                 self.accelerator,
                 gather_deepspeed3_params=settings.gather_for_generation,
                 generation_kwargs=settings.generation_kwargs,
@@ -200,7 +190,7 @@ class TransformersSampler:
         ):
             yield unwrapped_model
         if settings.gradient_checkpointing:  # TRL turned it off for generation and on again
-            drop_repeated_input_grad_hooks(self.accelerator.unwrap_model(self.model))
+            drop_repeated_input_grad_hooks(self.accelerator.unwrap_model(self.policy()))
 
     def cut(self, sampled: torch.Tensor) -> list[list[int]]:
         """Each row's sampled tokens `[B, N]` up to and including its first eos."""
@@ -211,8 +201,5 @@ class TransformersSampler:
 
     def _left_padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """`(ids [B, L], mask [B, L])`: the rows left-padded as TRL pads prompts, on the device."""
-        if not rows:
-            empty = torch.zeros((0, 0), dtype=torch.long, device=self.accelerator.device)
-            return empty, empty
         ids, mask = pad_rows(rows, self.settings.pad_token_id, "left", self.settings.pad_to_multiple_of)
         return ids.to(self.accelerator.device), mask.to(self.accelerator.device)

@@ -364,8 +364,10 @@ class Rollout:
             if self.vllm is not None:
                 return self.vllm.next_turns(histories, images, most_rows, self.profile)
             prompts = turn_prompts and history_prompts(histories, images, turn_prompts)
+            # every process takes the same path, as ZeRO-3 counts the forward calls
+            shares = turn_prompts is not None and bool(self.agree(prompts is not None, torch.all))
             with self.profile("transformers.generate"):
-                return self.transformers.next_turns(histories, images, prompts or None), None
+                return self.transformers.next_turns(histories, images, prompts if shares else None), None
 
         turns = self.tools.loop.run(
             prompts, [e.input_ids for e in sampled.encoded], sampled.completion_ids, sampled.completions,

@@ -12,8 +12,9 @@ parity tests compare turn by turn (`tests/test_tools.py`).
 Two differences, both beyond TRL:
 - Every process runs the same number of turns: the loop goes on while a row on any process still calls a tool
   (`agree_max`), and a process with no row to continue still takes part in the turn's generation (which gathers
-  the ZeRO-3 model, or collects every process's prompts in vLLM server mode) with no rows. In TRL a process whose rows
-  stopped calling leaves the loop, and the others wait for it in their next gather.
+  the ZeRO-3 model and runs collectives in every forward, or collects every process's prompts in vLLM server mode)
+  with a filler row, its first row's history, whose next turn is dropped. In TRL a process whose rows stopped
+  calling leaves the loop, and the others wait for it in their next gather.
 - `tool_timeout` bounds each call, sync or async: a call still running after it is reported as failed and counted
   in `tools/timeout_frequency` (TRL waits forever). A sync tool then runs in a daemon thread, which is left to end
   on its own.
@@ -158,7 +159,8 @@ class ToolLoop:
             logprobs (`list[list[float]]`, *optional*): with vLLM, the first turn's sampled log-probs.
             images (`list`): each row's images (None for none).
             tools (`ToolBox`): what each row may call.
-            generate (`Generate`): samples the next turn of the given rows (every process calls it each turn).
+            generate (`Generate`): samples the next turn of the given rows (every process calls it each turn, with
+                at least one row).
             agree_max (`Callable[[int], int]`): the largest of a count over every process (a collective).
         """
         completion_ids = [list(c) for c in completion_ids]

@@ -100,10 +100,9 @@ def build_rollout(trainer: Any, generation_config: Any, fast: FastGeneration) ->
         gather_for_generation=gather,
         gradient_checkpointing=args.gradient_checkpointing,
         gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-        synced_gpus=zero3_processes_ and not gather,
     )
     sampler = TransformersSampler(
-        trainer.model_wrapped,
+        lambda: trainer.model_wrapped,  # wrapped by `Trainer.train` after construction
         accelerator,
         family,
         trainer.processing_class,
@@ -117,7 +116,6 @@ def build_rollout(trainer: Any, generation_config: Any, fast: FastGeneration) ->
             trainer.vllm_generation, trainer.vllm_mode, family, trainer.processing_class,
             accelerator.is_main_process,
             collects_processes=trainer.vllm_mode == "server" or args.vllm_tensor_parallel_size > 1,
-            filler_ids=trainer.eos_token_ids[:1],
         )  # fmt: skip
     model_config = accelerator.unwrap_model(trainer.model).config
     rollout_settings = RolloutSettings(
@@ -138,8 +136,7 @@ def build_rollout(trainer: Any, generation_config: Any, fast: FastGeneration) ->
     if args.dynamic_sampling:
         dynamic = DynamicSampling(
             trainer.num_generations, args.dynamic_sampling_max_rounds, args.dynamic_sampling_at_cap,
-            args.steps_per_generation, trainer.reward_weights, trainer.scale_rewards,
-            trainer.multi_objective_aggregation,
+            args.steps_per_generation, trainer.reward_weights, trainer.multi_objective_aggregation,
         )  # fmt: skip
         stream = PromptStream(len(trainer.train_dataset), seed=args.seed + 1)
     rollout_func = None

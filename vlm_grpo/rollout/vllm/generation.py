@@ -125,7 +125,6 @@ class VLLMSampler:
         processor (`ProcessorMixin`): the family's processor.
         is_main_process (`bool`): whether this process holds TRL's client of the server (server mode).
         collects_processes (`bool`): TRL's backend gathers the prompts of several processes into one call.
-        filler_ids (`list[int]`): a text prompt that a process with no row to continue sends in their place.
     """
 
     def __init__(
@@ -136,11 +135,9 @@ class VLLMSampler:
         processor: Any,
         is_main_process: bool,
         collects_processes: bool,
-        filler_ids: list[int],
     ):
         self.backend, self.mode, self.family, self.processor = vllm_generation, mode, family, processor
         self.is_main_process, self.collects_processes = is_main_process, collects_processes
-        self._filler = list(filler_ids)
         name_weights_for_vllm(vllm_generation, family)
         self._videos = ColocatedVideos(vllm_generation) if mode == "colocate" else None
         self.version: int | None = None  # the policy version whose weights the engine holds
@@ -211,10 +208,8 @@ class VLLMSampler:
         """
         count = len(histories)
         if self.collects_processes and count < most_rows:
-            histories = histories + [histories[0] if count else self._filler] * (most_rows - count)
-            images = images + [images[0] if count else None] * (most_rows - count)
-        elif count == 0:
-            return [], []
+            histories = histories + [histories[0]] * (most_rows - count)
+            images = images + [images[0]] * (most_rows - count)
         ids = vllm_history_prompts(self.family, self.processor, histories, self.mode)
         _, completion_ids, logprobs, _ = self.backend.generate(
             prompts=ids,
