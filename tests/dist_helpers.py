@@ -408,7 +408,7 @@ def even_ids_agree(completions, id=None, **kwargs) -> list[float]:
 _ZOOM_CALLS = {"count": 0}
 
 
-def tool_zoom(region: int) -> list | str:
+def zoom(region: int) -> list | str:
     """Show one quarter of the image, enlarged.
 
     Args:
@@ -427,7 +427,7 @@ def tool_zoom(region: int) -> list | str:
     ]
 
 
-def tool_count(word: str) -> str:
+def count(word: str) -> str:
     """Count the letters of a word.
 
     Args:

@@ -31,13 +31,13 @@ import pytest
 from dist_helpers import (
     BIN,
     build_deepspeed_cpu_ops,
+    count,
     free_port,
     launch,
     launch_env,
     load_state,
-    tool_count,
-    tool_zoom,
     write_config,
+    zoom,
 )
 from PIL import Image
 from transformers import AutoConfig
@@ -100,13 +100,13 @@ def tools_run(tmp_path: Path, model: str, **overrides) -> tuple:
     bias = [
         entry
         for word, call in CALLS.items()
-        for entry in call_bias(processor, [tool_zoom, tool_count], word, call)
+        for entry in call_bias(processor, [zoom, count], word, call)
     ]
     data = write_tool_data(tmp_path / "data")
     config = write_config(
         tmp_path, model, data,
         rewards=["dist_helpers.tool_probe_reward"],
-        tools=["dist_helpers.tool_zoom", "dist_helpers.tool_count"],
+        tools=["dist_helpers.zoom", "dist_helpers.count"],
         max_steps=3, save_steps=3, max_completion_length=96, max_tool_calling_iterations=1,
         generation_kwargs={"suppress_tokens": placeholders, "sequence_bias": bias},
         **overrides,

@@ -179,10 +179,12 @@ class ToolLoop:
                 break  # every result was rolled back, on every process
             merged = [(images[i] or []) + turns.tool_images[i] for i in calling]
             has_tool_images = any(turns.tool_images)
-            next_ids, next_logps = generate(
-                histories, [m or None for m in merged], has_tool_images, most_rows
-            )
-            calling = self._extend(prompt_ids, calling, histories, next_ids, next_logps, turns, tools)
+            if not calling:  # other processes continue: take part with a filler row, its turn dropped
+                generate([prompt_ids[0] + turns.completion_ids[0]], [images[0]], has_tool_images, most_rows)
+            else:
+                merged = [m or None for m in merged]
+                next_ids, next_logps = generate(histories, merged, has_tool_images, most_rows)
+                calling = self._extend(prompt_ids, calling, histories, next_ids, next_logps, turns, tools)
             iteration += 1
         return turns
 
