@@ -131,10 +131,10 @@ def test_train_help_shows_config_and_our_options_first(flag, capsys):
 
 
 def test_options_read_from_the_source_equal_the_parser():
-    """`train --help` and the key and flag checks read the options from the source files (`train_options`): the same
+    """`train --help` and the key and flag checks read the options from the source files (`option_help`): the same
     names, flags, help, own options and (where the source gives a literal) defaults as the real parser."""
-    from vlm_grpo.cli.train_options import read_options
-    from vlm_grpo.train import build_parser, parser_options
+    from vlm_grpo.cli.option_help import read_options
+    from vlm_grpo.cli.options import build_parser, parser_options
 
     read, live = read_options(), parser_options(build_parser())
     assert read is not None

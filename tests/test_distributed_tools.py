@@ -98,9 +98,7 @@ def tools_run(tmp_path: Path, model: str, **overrides) -> tuple:
     processor = family.load_processor(model)
     placeholders = family.placeholder_token_ids(processor, AutoConfig.from_pretrained(model))
     bias = [
-        entry
-        for word, call in CALLS.items()
-        for entry in call_bias(processor, [zoom, count], word, call)
+        entry for word, call in CALLS.items() for entry in call_bias(processor, [zoom, count], word, call)
     ]
     data = write_tool_data(tmp_path / "data")
     config = write_config(

@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ import yaml
 
 from ..errors import VLMGRPOError
 from ..rewards import build_rewards
+from .options import check_model_path, is_hub_id
 
 if TYPE_CHECKING:  # torch, transformers and TRL are imported once the inputs are checked
     import torch
@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # torch, transformers and TRL are imported once the inputs ar
     from ..models import ModelFamily
 
 _NOT_REWARD_COLUMNS = ("prompt", "images", "image")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 """A hub id, `owner/name`: what a model path that is no folder here must look like (see `is_hub_id`)."""
 
 
@@ -136,58 +135,6 @@ def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
             f"--adapter {adapter} has no adapter_config.json; point it at a saved LoRA adapter."
         )
     return model, adapter
-
-
-def is_hub_id(model: str) -> bool:
-    """Whether a model path that names nothing here is read as a Hugging Face hub id rather than a local path.
-
-    The one rule of every command that takes a model (`vlm-grpo train`'s `model_name_or_path`, `vlm-grpo eval`'s
-    `--model`, a LoRA adapter's base model): a hub id is `owner/name`, one `/` between two names of letters, digits,
-    `-`, `_` and `.` (each starting with a letter or digit), whose `owner` is no folder in the working directory.
-    Anything else is a local path: one starting with `.`, `/` or `~`, one with a further `/` (or a `\\`), a bare
-    name, or `runs/tiny` when a `runs/` folder is here.
-
-    Args:
-        model (`str`): the model path or hub id as given.
-    """
-    return bool(_HUB_ID.match(model)) and not Path(model.split("/", 1)[0]).is_dir()
-
-
-def check_model_path(model: str, where: str) -> None:
-    """Refuse a model path that names no saved model here and is no hub id (see `is_hub_id`), before any heavy import.
-
-    A folder must hold a saved model (`config.json`) or a LoRA adapter (`adapter_config.json`); a hub id is left to
-    `from_pretrained`.
-
-    Args:
-        model (`str`): the model path or hub id as given.
-        where (`str`): the option it came from, for the message (`"--model"`, `"train.yaml: model_name_or_path"`).
-
-    Raises:
-        VLMGRPOError: a local path that is missing, a file, or a folder without a saved model; the message names
-            `where` and the path.
-    """
-    folder = Path(model)
-    if folder.is_dir():
-        if not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
-            raise VLMGRPOError(
-                f"{where}: {model} holds no config.json (nor a LoRA adapter); point it at a saved model."
-            )
-        return
-    if folder.exists():
-        raise VLMGRPOError(
-            f"{where}: {model} is a file; point it at a model folder (or a hub id owner/name)."
-        )
-    if is_hub_id(model):
-        return
-    if model.startswith("~") and folder.expanduser().exists():
-        raise VLMGRPOError(
-            f"{where}: model folder {model} not found: `~` is not expanded there; write the full path."
-        )
-    relative = "" if folder.is_absolute() else f" (relative to the working directory {Path.cwd()})"
-    raise VLMGRPOError(
-        f"{where}: model folder {model} not found{relative}; fix the path, or give a hub id as owner/name."
-    )
 
 
 def check_paths(model: str, data: str) -> None:

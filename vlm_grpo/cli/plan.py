@@ -100,7 +100,7 @@ def read_deepspeed(path: str | None) -> tuple[int, bool, bool]:
 
 def training_options(config_path: str, config: dict[str, Any], rest: list[str]) -> tuple[Any, Any]:
     """`(training_args, model_args)` parsed from the YAML and flags by `vlm-grpo train`'s parser."""
-    from ..train import build_parser, check_config_keys, check_flags, parser_options
+    from .options import build_parser, check_config_keys, check_flags, parser_options
 
     parser = build_parser()
     options = parser_options(parser)
@@ -119,8 +119,8 @@ def training_options(config_path: str, config: dict[str, Any], rest: list[str]) 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `vlm-grpo plan`: parse, build the model on meta, print the plan and the verdict."""
-    from ..train import check_config_keys, check_flags, read_config
-    from .train_options import read_options
+    from .option_help import read_options
+    from .options import check_config_keys, check_flags, read_config
 
     plan_args, rest = plan_parser().parse_known_args(argv)
     if plan_args.gpus < 1 or plan_args.nodes < 1:

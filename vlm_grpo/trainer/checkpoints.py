@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 
 from ..errors import VLMGRPOError
 
-if TYPE_CHECKING:  # `vlm-grpo train` reads this module before its heavy imports (see `train_options`)
+if TYPE_CHECKING:  # `vlm-grpo train` reads this module before its heavy imports (see `option_help`)
     import torch
 
     from ..models import ModelFamily

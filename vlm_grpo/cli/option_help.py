@@ -1,6 +1,6 @@
 """The names and help of every `vlm-grpo train` option, read in a few milliseconds, without importing TRL.
 
-Building the real option parser (`vlm_grpo.train.build_parser`) imports TRL, transformers and torch: seconds on an
+Building the real option parser (`vlm_grpo.cli.options.build_parser`) imports TRL, transformers and torch: seconds on an
 idle machine, up to a minute on a busy one. `vlm-grpo train --help` and the refusal of an unknown key or flag must
 not wait for that, so `read_options` reads the options from the installed source files that declare them, with
 `ast` and without importing them: our `ScriptArguments` (`vlm_grpo/train.py`), `VLMGRPOConfig` and `VLMModelConfig`
@@ -36,7 +36,7 @@ COMMON_OPTIONS = (
 """The options `train --help` shows after ours; `--help-all` shows every one."""
 
 TRAIN_DATACLASSES = (
-    ("vlm_grpo.train", "ScriptArguments"),
+    ("vlm_grpo.cli.options", "ScriptArguments"),
     ("vlm_grpo.config", "VLMGRPOConfig"),
     ("vlm_grpo.config", "VLMModelConfig"),
 )
@@ -84,7 +84,7 @@ def read_options() -> dict[str, Any] | None:
 
     `names` are the YAML keys (sorted), `flags` the command-line option strings that start with `--` (sorted),
     `help` each name's help text (in the parser's order), `defaults` each name's default where it is a literal, and
-    `own` the names of our own options, in `--help` order. The same as `vlm_grpo.train.parser_options` gives for the
+    `own` the names of our own options, in `--help` order. The same as `vlm_grpo.cli.options.parser_options` gives for the
     real parser; None when a declaration cannot be read without importing it.
     """
     try:
@@ -266,7 +266,7 @@ def short_help(options: dict[str, Any], usage: str, every: bool = False) -> str:
     """`train --help`: our options, then the common TRL and transformers ones, with their help.
 
     Args:
-        options (`dict`): from `read_options` (or `vlm_grpo.train.parser_options`).
+        options (`dict`): from `read_options` (or `vlm_grpo.cli.options.parser_options`).
         usage (`str`): the usage line.
         every (`bool`, *optional*, defaults to `False`): `--help-all`: every option, with its default.
     """
