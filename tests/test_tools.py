@@ -612,3 +612,25 @@ def test_a_tool_result_past_the_completion_budget_is_rolled_back_with_one_log_li
     assert (batch["tool_mask"] == 1).all()  # no tool-result token was kept
     lines = [r.getMessage() for r in caplog.records if "without its result" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0] and lines[0].startswith(f"{len(called)} of 4 completions")
+
+
+def test_a_truncated_row_with_a_tool_image_is_masked_out_of_the_loss_and_trains(tools_model, tmp_path):
+    """`mask_truncated_completions` with a tool's image in a truncated row (full rows, so the training forward computes
+    M-RoPE positions from the attention mask): the row keeps its completion attended, so the image's tokens keep
+    their positions, and is masked out of the loss through its `tool_mask`; training runs (TRL fails on such a row)."""
+    trainer = zoom_rollout_trainer(
+        tools_model, tmp_path, max_completion_length=70, mask_truncated_completions=True,
+        share_prompt_prefix="false", beta=0.04,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    batch = trainer._generate_and_score_completions(two_groups())
+    completions = list(trainer._logs["completion"])
+    with_images = [any(m["role"] == "tool" for m in c) for c in completions]
+    lengths = (batch["completion_ids"] != trainer.processing_class.tokenizer.pad_token_id).sum(1)  # [B]
+    for row, has_image in enumerate(with_images):
+        if has_image:  # truncated at 70 tokens: attended, out of the loss
+            assert batch["completion_mask"][row].sum() == lengths[row] and batch["tool_mask"][row].sum() == 0
+    assert any(with_images)
+    trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert losses and all(math.isfinite(x) for x in losses)

@@ -139,9 +139,10 @@ def vllm_serve(model: Path, folder: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def server_runs(tmp_path_factory) -> tuple[dict, dict]:
-    """One server and two 2-step server-mode training runs on it, shared by the tests of this module: a plain one
-    (`vllm_worker.py`) and one with a tool that returns images and an environment (`vllm_tools_worker.py`)."""
+def server_runs(tmp_path_factory) -> tuple[dict, dict, dict]:
+    """One server and three server-mode training runs on it, shared by the tests of this module: a plain one
+    (`vllm_worker.py`), one with a tool that returns images and an environment (`vllm_tools_worker.py`), and a
+    `vlm-grpo train` run during which the server is killed (`run_until_the_server_dies`)."""
     from vlm_grpo.testing import build_tiny_model
 
     shape = next(s for s in FAMILIES if s in families_with(tool_calls=True) and implemented_by_vllm(s))
@@ -150,7 +151,54 @@ def server_runs(tmp_path_factory) -> tuple[dict, dict]:
     with vllm_serve(out / "model", out) as server:
         result = run_worker(shape, out, "server", str(server.port))
         tools_result = run_tools_worker(shape, out, "server", str(server.port))
-    return result | {"server": server}, tools_result
+        killed = run_until_the_server_dies(server, out / "model", out / "killed")
+    return result | {"server": server}, tools_result, killed
+
+
+def run_until_the_server_dies(server: Server, model: Path, folder: Path) -> dict:
+    """`vlm-grpo train` with `vllm_mode: server` and a checkpoint every step; once the first checkpoint is complete,
+    the whole server (its process group) is killed. Returns the command's exit status and error output, and the
+    checkpoints left."""
+    from dist_helpers import free_port as group_port
+    from dist_helpers import write_config, write_data
+
+    from vlm_grpo.trainer.checkpoints import COMPLETE_MARKER
+
+    folder.mkdir()
+    config = write_config(
+        folder, str(model), write_data(folder / "data", ["image"] * 8),
+        use_vllm=True, vllm_mode="server", vllm_server_base_url=f"http://127.0.0.1:{server.port}",
+        vllm_group_port=group_port(), max_steps=40, save_steps=1, max_completion_length=4,
+    )  # fmt: skip
+    code = "import sys, vllm_server_shim; vllm_server_shim.install_client(); from vlm_grpo.cli import main; main()"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    with (folder / "train.log").open("w") as log:
+        train = subprocess.Popen(
+            [sys.executable, "-c", code, "train", str(config)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    first = folder / "run" / "checkpoint-1" / COMPLETE_MARKER
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while not first.exists() and train.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(server.process.pid, signal.SIGKILL)
+    try:
+        _, stderr = train.communicate(timeout=STARTUP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        train.kill()
+        _, stderr = train.communicate()
+        stderr += "\n(killed at the timeout: the run hung)"
+    checkpoints = sorted(p.name for p in (folder / "run").glob("checkpoint-*"))
+    complete = [name for name in checkpoints if (folder / "run" / name / COMPLETE_MARKER).exists()]
+    return {
+        "returncode": train.returncode,
+        "stderr": stderr,
+        "checkpoints": checkpoints,
+        "complete": complete,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +260,19 @@ def test_server_is_stopped(server_run):
     server = server_run["server"]
     assert server.process.returncode is not None
     assert not server.group_alive()
+
+
+def test_a_server_that_dies_stops_the_run_in_one_line(server_runs):
+    """The server killed mid-run: `vlm-grpo train` stops with one line naming the server and the step (after the
+    client's own retries), exits non-zero, and leaves its complete checkpoints as they were."""
+    killed = server_runs[2]
+    lines = [line for line in killed["stderr"].splitlines() if line.strip()]
+    assert killed["returncode"] == 1, killed["stderr"][-4000:]
+    assert lines[-1].startswith("vlm-grpo train: error: The vLLM server at http://127.0.0.1:"), lines[-3:]
+    assert "stopped answering during" in lines[-1] and "resume_from_checkpoint: true" in lines[-1]
+    step = int(lines[-1].split(" for step ")[1].split()[0])
+    assert step >= 2 and "checkpoint-1" in killed["complete"], killed
+    assert killed["complete"] == [c for c in killed["checkpoints"] if int(c.split("-")[1]) < step], killed
 
 
 def test_tool_turns_sampled_by_the_server_see_the_rows_images(server_runs):

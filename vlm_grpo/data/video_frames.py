@@ -274,12 +274,14 @@ def decode_video(
 
 
 def _check_present(video: Mapping[str, Any]) -> None:
-    """Refuse a stored video whose file or frame files are gone since the data loader read them.
+    """Refuse a stored video whose file or frame files are gone since the data loader read them (frames given as
+    images in memory, as a dataset built in Python may hold them, have no file to check).
 
     Raises:
         `VLMGRPOError`: a file is gone; the message names it.
     """
-    gone = [file for file in (video["path"], *video["frames"]) if file and not os.path.isfile(file)]
+    files = [file for file in (video["path"], *video["frames"]) if isinstance(file, str) and file]
+    gone = [file for file in files if not os.path.isfile(file)]
     if gone:
         raise VLMGRPOError(
             f"Video file {gone[0]!r} of a training row is gone: the data loader found it readable, and nothing is "

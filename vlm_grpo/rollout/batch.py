@@ -113,8 +113,14 @@ def pad_batch(
     mask_truncated_after: Sequence[int] | None,
     device: torch.device,
     tool_mask_list: list[list[int]] | None = None,
+    completion_images: Sequence[bool] | None = None,
 ) -> dict[str, Any]:
     """Padded `[B, P]` prompts and `[B, C]` completions with masks, as TRL pads them, on `device`.
+
+    `mask_truncated_completions` masks a truncated row out of the loss as TRL does (its `completion_mask` zero),
+    except for a row whose completion holds images (tool results): its completion stays attended, so that the image's
+    tokens keep their place in the positions the model computes from the attention mask (M-RoPE indexes the image
+    runs it finds there; TRL fails on such a row), and its `tool_mask`, which only the loss reads, is zero instead.
 
     Args:
         encoded (`list[EncodedPrompt]`): the rows' encoded prompts.
@@ -128,6 +134,8 @@ def pad_batch(
         device (`torch.device`): where the tensors go.
         tool_mask_list (`list[list[int]]`, *optional*, defaults to `None`): with tools, each row's TRL `tool_mask`
             (0 on tool results), padded with 1 into `tool_mask` as TRL pads it.
+        completion_images (`Sequence[bool]`, *optional*, defaults to `None`): with tools, whether each row's
+            completion holds images.
 
     Returns:
         `dict`: `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask`, `image_inputs` (per row),
@@ -144,8 +152,9 @@ def pad_batch(
     if mask_truncated_after is not None:
         truncated = torch.tensor(
             [is_truncated(c, mask_truncated_after, pad_token_id) for c in completion_ids_list]
-        )
-        completion_mask = completion_mask * (~truncated).unsqueeze(1).int()
+        )  # [B]
+        attended = torch.tensor(completion_images or [False] * len(completion_ids_list))  # [B]
+        completion_mask = completion_mask * (~truncated | attended).unsqueeze(1).int()
         if tool_mask is not None:
             tool_mask = tool_mask * (~truncated).unsqueeze(1).int()
     batch = {

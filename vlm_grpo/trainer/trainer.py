@@ -302,7 +302,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         batch = pad_batch(
             sampled.encoded, sampled.completion_ids, sampled.sampling_logps, self._tokenizer.pad_token_id,
             self.pad_to_multiple_of, self.eos_token_ids if self.mask_truncated_completions else None,
-            self.accelerator.device, sampled.tool_mask,
+            self.accelerator.device, sampled.tool_mask, [bool(x) for x in sampled.tool_images or ()] or None,
         )  # fmt: skip
         batch["image_inputs"] = image_inputs
         loss_mask = batch["completion_mask"] * batch.get("tool_mask", 1)  # [B, C]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ...errors import VLMGRPOError
 from ...models import EncodedPrompt, ModelFamily
 from .payload import (
     add_videos,
@@ -141,6 +142,7 @@ class VLLMSampler:
         name_weights_for_vllm(vllm_generation, family)
         self._videos = ColocatedVideos(vllm_generation) if mode == "colocate" else None
         self.version: int | None = None  # the policy version whose weights the engine holds
+        self._step = 1
 
     def sync(self, version: int, profile: Any = None) -> None:
         """Send the policy's weights to the engine unless it holds `version` already.
@@ -149,6 +151,7 @@ class VLLMSampler:
             version (`int`): the policy's version (TRL's `state.global_step`).
             profile (`Callable[[str], AbstractContextManager]`, *optional*): times a named block (TRL's profiling).
         """
+        self._step = version + 1  # the step the next batch trains as, counted from 1 as on the console
         if version != self.version:
             self.push(profile)
             self.version = version
@@ -159,7 +162,7 @@ class VLLMSampler:
         Args:
             profile (`Callable[[str], AbstractContextManager]`, *optional*): times a named block (TRL's profiling).
         """
-        with profile("sync_weights") if profile else nullcontext():
+        with profile("sync_weights") if profile else nullcontext(), self._server_answers("the weight sync"):
             sync_weights(self.backend, self.mode, self.is_main_process)
 
     def sample(
@@ -183,7 +186,8 @@ class VLLMSampler:
         kwargs = vllm_generate_kwargs(
             payload, num_generations, self.mode, expanded_prompt_ids=[e.input_ids for e in encoded]
         )
-        with self._videos.passing(payload.videos) if self._videos else nullcontext():
+        videos = self._videos.passing(payload.videos) if self._videos else nullcontext()
+        with videos, self._server_answers("generation"):
             vllm_prompt_ids, completion_ids, logprobs, _ = self.backend.generate(
                 **kwargs, profiler=profile("vLLM.generate") if profile else None
             )
@@ -211,13 +215,33 @@ class VLLMSampler:
             histories = histories + [histories[0]] * (most_rows - count)
             images = images + [images[0]] * (most_rows - count)
         ids = vllm_history_prompts(self.family, self.processor, histories, self.mode)
-        _, completion_ids, logprobs, _ = self.backend.generate(
-            prompts=ids,
-            images=images if any(images) else None,
-            num_generations=1,
-            profiler=profile("vLLM.generate") if profile else None,
-        )
+        with self._server_answers("a tool turn's generation"):
+            _, completion_ids, logprobs, _ = self.backend.generate(
+                prompts=ids,
+                images=images if any(images) else None,
+                num_generations=1,
+                profiler=profile("vLLM.generate") if profile else None,
+            )
         return (
             [list(c) for c in completion_ids[:count]],
             [[lp[0] for lp in seq] for seq in logprobs[:count]],
         )
+
+    @contextmanager
+    def _server_answers(self, what: str) -> Iterator[None]:
+        """Server mode: a server that stops answering (killed, crashed, unreachable after the client's retries) stops
+        the run with one line naming it and the step; the last complete checkpoint stays as it was."""
+        import requests
+
+        try:
+            yield
+        except requests.exceptions.RequestException as error:
+            if self.mode != "server":
+                raise
+            url = self.backend.vllm_client.base_url
+            reason = " ".join(str(error).split())[:200]
+            raise VLMGRPOError(
+                f"The vLLM server at {url} stopped answering during {what} for step {self._step} "
+                f"({type(error).__name__}: {reason}). Restart it (trl vllm-serve ...), then resume from the last "
+                "complete checkpoint with resume_from_checkpoint: true."
+            ) from error
