@@ -93,7 +93,7 @@ def build_rollout(trainer: Any, generation_config: Any, fast: FastGeneration) ->
         )
     settings = GenerateSettings(
         generation_config=generation_config,
-        generation_kwargs=trainer.generation_kwargs,
+        generation_kwargs={} if trainer.use_vllm else trainer.generation_kwargs,  # TRL sets none with vLLM
         eos_token_ids=trainer.eos_token_ids,
         pad_token_id=trainer._tokenizer.pad_token_id,
         pad_to_multiple_of=trainer.pad_to_multiple_of,
