@@ -227,6 +227,25 @@ def test_prompt_longer_than_context_is_explained(tiny_model, tmp_path):
         trainer.rollout.encode_prompts(load_rows([row]))
 
 
+def test_prompt_too_long_because_of_its_video_names_the_video_options(tiny_model, tmp_path):
+    """A prompt whose video makes it too long is explained by its video and the video options, not by images."""
+    from test_video import video_rows
+
+    trainer = VLMGRPOTrainer(
+        model=tiny_model(DEFAULT_FAMILY),
+        reward_funcs=length_reward,
+        args=grpo_args(tmp_path, max_steps=1),
+        train_dataset=color_dataset(8),
+    )
+    trainer.family.context_length = lambda config: 12  # as if the model had a 12-token context
+    (tmp_path / "clips").mkdir()
+    with pytest.raises(ValueError) as error:
+        trainer.rollout.encode_prompts(load_rows(video_rows(tmp_path / "clips", 1)))
+    message = str(error.value)
+    assert "its 1 video(s) and 0 image(s)" in message and "context of 12 tokens" in message
+    assert "video_max_pixels, video_fps or video_max_frames" in message and "max_pixels (or" not in message
+
+
 def test_trust_remote_code_is_off_by_default():
     from vlm_grpo import VLMGRPOConfig
 
