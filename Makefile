@@ -83,10 +83,12 @@ test-floor: install-floor
 		$(FLOOR_BIN)/python -m pytest -q $(PARALLEL_ARGS) -m 'not gpu and not npu and not vllm and not once' tests
 
 # The vllm-marked tests, on vLLM's CPU backend here (and on a GPU where vLLM finds one). The KV cache gets 1 GiB.
+# They run in TEST_WORKERS processes too, each family's vLLM run and the server's in one of them (`--dist loadgroup`,
+# see tests/conftest.py), each worker's engines bound to a core of their own, each engine run on a port of its own.
 test-vllm: install-vllm
 	$(VLLM_BIN)/python -m pip freeze | $(VERSIONS)
-	VLLM_CPU_KVCACHE_SPACE=1 TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_vllm" \
-		$(VLLM_BIN)/python -m pytest -q -m vllm tests
+	VLLM_CPU_KVCACHE_SPACE=1 TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_vllm" $(PARALLEL) \
+		$(VLLM_BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m vllm tests
 
 quality: install
 	$(BIN)/ruff check vlm_grpo tests

@@ -28,6 +28,24 @@ FULL_ROW_FAMILIES = families_with(indexable_cache=False)
 `test_families_full_rows` runs the `FAMILIES` tests on them through the trainer, which honours the fallback."""
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
 
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under pytest-xdist
+if _WORKER and os.cpu_count():
+    # vLLM's CPU engines bind their threads to cores; each xdist worker's engines get a core of their own (by default
+    # every engine would take the same one, and the workers would wait on each other there)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(_WORKER[2:]) % os.cpu_count()))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's `--dist loadgroup` (`make test-vllm`), the tests that read one vLLM run share a worker:
+    each family's run in `test_vllm.py` (its `family_run`), and the server module's runs."""
+    for item in items:
+        if item.get_closest_marker("vllm") is None:
+            continue
+        if "family_run" in item.fixturenames:  # parametrized by the family alone: its id is the family
+            item.add_marker(pytest.mark.xdist_group(f"vllm-{item.name.partition('[')[2].rstrip(']')}"))
+        elif "server_runs" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("vllm-server"))
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):

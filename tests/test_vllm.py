@@ -78,6 +78,8 @@ def run_worker(shape: str, out: Path, *extra: str, worker: str = "vllm_worker.py
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # a port of its own for the engine's process group (accelerate's default, 29500, is one for every run)
+    env["MASTER_PORT"] = str(free_port())
     done = subprocess.run(
         [sys.executable, str(TESTS / worker), shape, str(out), *extra],
         env=env,
@@ -225,6 +227,7 @@ def test_two_process_colocate(tmp_path):
     build_tiny_model(shape, tmp_path / "model", hidden_size=256)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # two engines: neither takes the other's core for itself
     torchrun = Path(sys.executable).parent / "torchrun"
     command = [str(torchrun), "--nproc_per_node", "2", "--master_port", str(free_port())]
     done = subprocess.run(

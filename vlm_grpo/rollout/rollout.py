@@ -227,7 +227,7 @@ class Rollout:
                 )
                 logps = out.logprobs if self.vllm is not None else None
             else:
-                completion_ids, logps = self._first_turn(rows, encoded, mode, shared)
+                completion_ids, logps = self._first_turn(rows, encoded, mode, shared, schemas)
         completions = self.family.decode_completions(
             self.processor, completion_ids, [e.input_ids for e in encoded], schemas
         )
@@ -241,14 +241,20 @@ class Rollout:
         return sampled
 
     def _first_turn(
-        self, rows: list[dict[str, Any]], encoded: list[EncodedPrompt], mode: str, shared: bool
+        self,
+        rows: list[dict[str, Any]],
+        encoded: list[EncodedPrompt],
+        mode: str,
+        shared: bool,
+        schemas: list[list] | None,
     ) -> tuple[list[list[int]], list[list[float]] | None]:
-        """One completion per row, cut after its first eos; with vLLM also the sampled tokens' log-probs."""
+        """One completion per row, cut after its first eos; with vLLM also the sampled tokens' log-probs (each row's
+        prompt rendered with its own tools, as the trainer encoded it)."""
         if self.vllm is not None:
             num_generations = (
                 self.settings.num_generations if mode == "train" else self.settings.num_generations_eval
             )
-            template = self._template_kwargs(self.tools.standalone if self.tools else None)
+            template = [self._template_kwargs(t) for t in schemas] if schemas else self._template_kwargs(None)
             return self.vllm.sample(rows, encoded, num_generations, template, self.profile)
         with self.profile("transformers.generate"):
             return self.transformers.sample(encoded, shared), None

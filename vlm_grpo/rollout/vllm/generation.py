@@ -170,7 +170,7 @@ class VLLMSampler:
         rows: list[dict[str, Any]],
         encoded: list[EncodedPrompt],
         num_generations: int,
-        template_kwargs: dict[str, Any],
+        template_kwargs: dict[str, Any] | list[dict[str, Any]],
         profile: Any = None,
     ) -> tuple[list[list[int]], list[list[float]]]:
         """The first turn: `(completion ids, the sampled tokens' log-probs)`, one per row.
@@ -179,7 +179,8 @@ class VLLMSampler:
             rows (`list[dict]`): `{"prompt", "images", "videos"}` per row (`data.rows.load_rows`).
             encoded (`list[EncodedPrompt]`): the rows' prompts as the trainer encodes them.
             num_generations (`int`): G, the consecutive copies of each prompt.
-            template_kwargs (`dict`): `apply_chat_template`'s arguments (tools included).
+            template_kwargs (`dict | list[dict]`): `apply_chat_template`'s arguments (tools included), one dict or one
+                per row.
             profile (`Callable[[str], AbstractContextManager]`, *optional*): times a named block.
         """
         payload = build_vllm_payload(self.processor, self.family, rows, encoded, template_kwargs)

@@ -88,7 +88,7 @@ def build_vllm_payload(
     family: ModelFamily,
     rows: Sequence[dict[str, Any]],
     encoded: Sequence[Any] | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
+    chat_template_kwargs: dict[str, Any] | list[dict[str, Any]] | None = None,
 ) -> VLLMPayload:
     """Render rows for vLLM: chat-templated prompts with unexpanded placeholders and the raw images.
 
@@ -99,8 +99,9 @@ def build_vllm_payload(
             `prompt` is a list of messages whose content may hold `{"type": "image"}` entries.
         encoded (`Sequence[EncodedPrompt] | None`, defaults to None): the trainer's encodings of the same rows;
             rows sharing one encoding object are one prompt and rendered once. None renders every row.
-        chat_template_kwargs (`dict | None`, defaults to None): extra `apply_chat_template` arguments, the same as
-            the training prompts are rendered with (TRL's `chat_template_kwargs`).
+        chat_template_kwargs (`dict | list[dict] | None`, defaults to None): extra `apply_chat_template` arguments,
+            the same as the training prompts are rendered with (TRL's `chat_template_kwargs`, with tools each row's
+            tools): one dict for every row, or one per row.
 
     Returns:
         `VLLMPayload`: one text, id list and image list per row, in row order.
@@ -136,8 +137,11 @@ def build_vllm_payload(
             )
         messages = prepare_multimodal_messages(prompt, images=images_of_row)
         ordered = [part["image"] for part in _image_parts(messages)]
+        row_kwargs = (
+            chat_template_kwargs[i] if isinstance(chat_template_kwargs, list) else chat_template_kwargs
+        )
         text = processor.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
+            messages, add_generation_prompt=True, tokenize=False, **(row_kwargs or {})
         )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         n_placeholders = ids.count(placeholder_id)
