@@ -35,6 +35,7 @@ if _WORKER and os.cpu_count():
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(_WORKER[2:]) % os.cpu_count()))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist's `--dist loadgroup` (`make test-vllm`), the tests that read one vLLM run share a worker:
     each family's run in `test_vllm.py` (its `family_run`), and the server module's runs."""

@@ -5,9 +5,10 @@ One module run builds a tiny model of the first family vLLM implements whose tem
 `vllm_mode="server"` in a fresh process (`vllm_worker.py ... server PORT`), then 2 more with a tool that returns
 images and an environment (`vllm_tools_worker.py ... server PORT`), and stops the server (SIGTERM, then SIGKILL to
 its process group after a timeout).
-On vLLM's CPU backend, TRL's weight sync runs on a test-only gloo stand-in for vLLM's NCCL weight transfer, and the
-server's linear layers keep plain weights (`vllm_server_shim`, which loads `vllm_cpu_shim` into the server as a vLLM
-plugin); everything else is the real `trl vllm-serve`, vLLM server and TRL client.
+On vLLM's CPU backend, the weight sync runs over gloo in place of vLLM's NCCL weight transfer, and the server's linear
+layers keep plain weights: `vlm_grpo.rollout.vllm.cpu_transfer`, which the trainer installs in its process and vLLM
+loads into the server's as a plugin this package declares; everything else is the real `trl vllm-serve`, vLLM server
+and TRL client.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import vllm_server_shim
 from test_vllm import (
     FAMILIES,
     STEP_TOLERANCE,
@@ -111,13 +111,12 @@ def vllm_serve(model: Path, folder: Path) -> Iterator[Server]:
 
     Args:
         model (`Path`): the model folder to serve.
-        folder (`Path`): where the server's log and its plugin metadata (see `vllm_server_shim`) are written.
+        folder (`Path`): where the server's log is written.
 
     Yields:
         `Server`: once its `/health` answers.
     """
-    plugins = vllm_server_shim.plugin_path(folder / "plugins")
-    path = [str(TESTS), str(plugins), os.environ.get("PYTHONPATH", "")]
+    path = [str(TESTS), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     port = free_port()
@@ -139,10 +138,11 @@ def vllm_serve(model: Path, folder: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def server_runs(tmp_path_factory) -> tuple[dict, dict, dict]:
-    """One server and three server-mode training runs on it, shared by the tests of this module: a plain one
-    (`vllm_worker.py`), one with a tool that returns images and an environment (`vllm_tools_worker.py`), and a
-    `vlm-grpo train` run during which the server is killed (`run_until_the_server_dies`)."""
+def server_runs(tmp_path_factory) -> tuple[dict, dict, dict, dict]:
+    """One server and four server-mode training runs on it, shared by the tests of this module: a plain one
+    (`vllm_worker.py`), one with a tool that returns images and an environment (`vllm_tools_worker.py`), a
+    `vlm-grpo train` run during which the server is killed (`run_until_the_server_dies`), and one with
+    `async_rollouts` and a LoRA adapter (`vllm_worker.py ... server-async`)."""
     from vlm_grpo.testing import build_tiny_model
 
     shape = next(s for s in FAMILIES if s in families_with(tool_calls=True) and implemented_by_vllm(s))
@@ -151,8 +151,9 @@ def server_runs(tmp_path_factory) -> tuple[dict, dict, dict]:
     with vllm_serve(out / "model", out) as server:
         result = run_worker(shape, out, "server", str(server.port))
         tools_result = run_tools_worker(shape, out, "server", str(server.port))
+        asynchronous = run_worker(shape, out / "async", "server-async", str(server.port))
         killed = run_until_the_server_dies(server, out / "model", out / "killed")
-    return result | {"server": server}, tools_result, killed
+    return result | {"server": server}, tools_result, killed, asynchronous
 
 
 def run_until_the_server_dies(server: Server, model: Path, folder: Path) -> dict:
@@ -170,7 +171,7 @@ def run_until_the_server_dies(server: Server, model: Path, folder: Path) -> dict
         use_vllm=True, vllm_mode="server", vllm_server_base_url=f"http://127.0.0.1:{server.port}",
         vllm_group_port=group_port(), max_steps=40, save_steps=1, max_completion_length=4,
     )  # fmt: skip
-    code = "import sys, vllm_server_shim; vllm_server_shim.install_client(); from vlm_grpo.cli import main; main()"
+    code = "from vlm_grpo.cli import main; main()"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     with (folder / "train.log").open("w") as log:
         train = subprocess.Popen(
@@ -273,6 +274,23 @@ def test_a_server_that_dies_stops_the_run_in_one_line(server_runs):
     step = int(lines[-1].split(" for step ")[1].split()[0])
     assert step >= 2 and "checkpoint-1" in killed["complete"], killed
     assert killed["complete"] == [c for c in killed["checkpoints"] if int(c.split("-")[1]) < step], killed
+
+
+def test_async_rollouts_train_on_batches_the_server_sampled_ahead(server_runs):
+    """`async_rollouts` with a LoRA adapter, 4 steps: every row sampled was trained (none dropped: the weights went to
+    the server before each batch was taken), each batch at most `max_staleness` (1) step older than the trainer's
+    weights, the server's sampling log-probs corrected by TRL's importance sampling, and the server scoring as the
+    adapted model after the last sync, not the base one."""
+    result = server_runs[3]
+    counts = result["counts"]
+    assert counts["sampled"] == counts["trained"] + counts["dropped"] + counts["unused"], counts
+    assert counts["trained"] == 4 * 4 and counts["dropped"] == 0, counts  # 4 steps of 4 rows
+    steps = [log for log in result["log_history"] if "loss" in log]
+    assert len(steps) == 4 and all(math.isfinite(log["loss"]) for log in steps)
+    assert [log["async/staleness_max"] for log in steps] == [0.0, 1.0, 1.0, 1.0], steps
+    assert all(log["async/rows_dropped_stale"] == 0 for log in steps)
+    assert all(log["sampling/sampling_logp_difference/max"] < STEP_TOLERANCE for log in steps)
+    assert result["after_sync"] < SYNC_TOLERANCE and result["base_gap"] > 3 * result["after_sync"], result
 
 
 def test_tool_turns_sampled_by_the_server_see_the_rows_images(server_runs):

@@ -32,10 +32,6 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 def main(family: str, out: Path, mode: str = "colocate", port: int | None = None) -> None:
     server = mode == "server"
-    if server:  # the engine is the server's; the trainer sends it the weights (see `vllm_server_shim`)
-        import vllm_server_shim
-
-        vllm_server_shim.install_client()
     import torch
     from conftest import color_rows, square_image
     from datasets import Dataset

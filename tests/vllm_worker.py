@@ -1,9 +1,10 @@
 """One family's real vLLM checks, run by `test_vllm.py` in a fresh process: `python vllm_worker.py SHAPE OUT [MODE]`.
 
-MODE is empty, `video` (a batch with video prompts, see `video_main`), `lora` (train a LoRA adapter), `dist` (run under `torchrun`, each process with its own engine, on the
-model the test built in `OUT/model`; each process writes `OUT/result{RANK}.json`) or `server PORT` (TRL's server mode,
-generating through the `trl vllm-serve` the test started on 127.0.0.1:PORT with the model in `OUT/model`; see
-`server_checks`).
+MODE is empty, `video` (a batch with video prompts, see `video_main`), `lora` (train a LoRA adapter), `dist` (run under
+`torchrun`, each process with its own engine, on the model the test built in `OUT/model`; each process writes
+`OUT/result{RANK}.json`), `server PORT` (TRL's server mode, generating through the `trl vllm-serve` the test started on
+127.0.0.1:PORT with the model in `OUT/model`; see `server_checks`) or `server-async PORT` (the same with
+`async_rollouts` and a LoRA adapter, 4 steps; `result.json` also holds the run's row `counts`).
 
 One process builds one vLLM engine (TRL's colocate mode, inside the trainer's process) and runs every check on it;
 a fresh process per family keeps the engines and their process groups apart. Writes `OUT/result.json`:
@@ -12,7 +13,7 @@ a fresh process per family keeps the engines and their process groups apart. Wri
   from the payload equal the processor-expanded ids the trainer trains on.
 - `log_history`: the trainer's logs of 2 colocate steps (the importance-sampling correction on, TRL's default).
 - `before_sync` / `after_sync`: the largest gap between vLLM's and the trainer's log-prob of each token of one
-  completion, scored by vLLM before and after `sync_vllm_weights()` (the trainer is one step ahead of vLLM before);
+  completion, scored by vLLM before and after `VLLMSampler.push()` (the trainer is one step ahead of vLLM before);
   `tokens`: the three log-probs of each token. On vLLM's CPU backend the trainer's log-probs attend causally over
   image tokens as vLLM's CPU attention does (`causal_images`); `model_mask_gap` is the gap after the sync to the
   trainer's own mask (larger for the families that attend bidirectionally among an image's tokens).
@@ -107,7 +108,9 @@ def server_counts(client) -> dict[str, float]:
     return counts
 
 
-def server_checks(trainer, rows: list[dict], encoded: list, before: dict[str, float]) -> dict:
+def server_checks(
+    trainer, rows: list[dict], encoded: list, before: dict[str, float], lora: bool = False
+) -> dict:
     """Server mode: what the server generated while training, and its log-probs before and after a weight sync.
 
     One completion of a two-image prompt is sampled by the server (the trainer's sampling settings, seeded) and scored
@@ -140,6 +143,10 @@ def server_checks(trainer, rows: list[dict], encoded: list, before: dict[str, fl
     result["after_sync"] = gap(synced, ours)
     result["after_encoder_reset"] = gap(encoded_again, ours)
     result["stale_image_features"] = gap(encoded_again, synced)
+    if lora:  # the server scores as the adapted model, not the base one
+        with trainer.accelerator.unwrap_model(trainer.model).disable_adapter():
+            base = trainer_logps(trainer, encoded[0], completion, vllm_attends_images_causally())
+        result["base_gap"] = gap(encoded_again, base)
     return result
 
 
@@ -214,10 +221,6 @@ def video_main(shape: str, out: Path) -> None:
 def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     if mode == "video":
         return video_main(shape, out)
-    if mode == "server":  # the engine is the server's; the trainer sends it the weights
-        import vllm_server_shim
-
-        vllm_server_shim.install_client()
     import vllm
     from conftest import color_rows, grpo_args, length_reward
     from datasets import Dataset
@@ -231,7 +234,8 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     from vlm_grpo.runtime.shutdown import exit_process, finish_processes
     from vlm_grpo.testing import build_tiny_model
 
-    lora, dist, server = mode == "lora", mode == "dist", mode == "server"
+    dist, server, asynchronous = mode == "dist", mode.startswith("server"), mode == "server-async"
+    lora = mode in ("lora", "server-async")
     result_file = out / (f"result{os.environ['RANK']}.json" if dist else "result.json")  # torchrun's RANK
     # under torchrun, and for a server, the test built the model; otherwise the worker builds it
     path = str(out / "model") if dist or server else build_tiny_model(shape, out / "model", hidden_size=256)
@@ -240,7 +244,7 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     peft_config = LoraConfig(r=8, lora_alpha=16, init_lora_weights=False) if lora else None
     args = grpo_args(
         out / "run",
-        max_steps=2,
+        max_steps=4 if asynchronous else 2,
         per_device_train_batch_size=2 if dist else 4,  # 2 processes x 2 rows: the same 4 rows per step
         num_generations=2,
         max_completion_length=4,
@@ -248,6 +252,7 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
         vllm_mode="server" if server else "colocate",
         vllm_max_model_length=512,
         vllm_gpu_memory_utilization=0.2,
+        async_rollouts=asynchronous,
         **(
             {"vllm_server_base_url": f"http://127.0.0.1:{port}", "vllm_group_port": free_port()}
             if server
@@ -276,7 +281,9 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     ]
     if server:
         result = {"family": family.model_type, "log_history": trainer.state.log_history}
-        result_file.write_text(json.dumps(result | server_checks(trainer, loaded, encoded, before)))
+        if asynchronous:
+            result["counts"] = vars(trainer._async.counts)
+        result_file.write_text(json.dumps(result | server_checks(trainer, loaded, encoded, before, lora)))
         return
     llm = trainer.vllm_generation.llm
     params = vllm.SamplingParams(max_tokens=4, temperature=1.0, logprobs=0, seed=0)

@@ -76,6 +76,12 @@ class VLMGRPOConfig(GRPOConfig):
         tool_timeout (`float`, *optional*, defaults to `None`): seconds a tool call (sync or async) may take; a call
             still running then is reported to the model as a failed call (`{"error": ...}`), counted in
             `tools/failure_frequency` and `tools/timeout_frequency`. None: no bound, as in TRL.
+        async_rollouts (`bool`, defaults to False): sample the next generation batches on the vLLM server
+            (`vllm_mode: server`) while this one trains (see `vlm_grpo.rollout.asynchronous` and docs/async.md).
+        max_staleness (`int`, defaults to 1): with `async_rollouts`, how many optimizer steps older than the
+            trainer's weights a batch's sampling weights may be; older rows are dropped, counted and sampled again.
+        weight_sync_steps (`int`, defaults to 1): with `async_rollouts`, send the weights to the server every this
+            many optimizer steps.
     """
 
     freeze_vision_modules: bool = field(
@@ -167,6 +173,20 @@ class VLMGRPOConfig(GRPOConfig):
             "TRL)."
         },
     )
+    async_rollouts: bool = field(
+        default=False,
+        metadata={"help": "Sample the next generation batches on the vLLM server while this one trains."},
+    )
+    max_staleness: int = field(
+        default=1,
+        metadata={
+            "help": "async_rollouts: most optimizer steps a batch's sampling weights may lag the trainer's."
+        },
+    )
+    weight_sync_steps: int = field(
+        default=1,
+        metadata={"help": "async_rollouts: send the weights to the server every N optimizer steps."},
+    )
 
     def __post_init__(self):
         self.resolve_bf16()
@@ -216,6 +236,7 @@ class VLMGRPOConfig(GRPOConfig):
         ):
             if value is not None and value <= 0:
                 raise VLMGRPOError(f"{name} must be a positive integer, got {value}.")
+        self._check_async_rollouts()
         if self.tool_timeout is not None and not self.tool_timeout > 0:
             raise VLMGRPOError(f"tool_timeout must be a positive number of seconds, got {self.tool_timeout}.")
         if not self.video_fps > 0:
@@ -237,6 +258,34 @@ class VLMGRPOConfig(GRPOConfig):
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             raise VLMGRPOError(
                 f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})."
+            )
+
+    def _check_async_rollouts(self) -> None:
+        """Asynchronous rollouts need generation on other devices (a vLLM server), and what they run alongside."""
+        if self.max_staleness < 1 or self.weight_sync_steps < 1:
+            raise VLMGRPOError(
+                f"max_staleness and weight_sync_steps must be >= 1, got {self.max_staleness} and "
+                f"{self.weight_sync_steps}."
+            )
+        if not self.async_rollouts:
+            return
+        if not self.use_vllm or self.vllm_mode != "server":
+            raise VLMGRPOError(
+                "async_rollouts overlaps generation with training, which pays only when they run on different "
+                "devices: a vLLM server (use_vllm: true, vllm_mode: server, trl vllm-serve on its own devices); with "
+                "colocate mode or transformers' generate, one engine shares the trainer's devices, so set "
+                "async_rollouts: false."
+            )
+        if self.dynamic_sampling:
+            raise VLMGRPOError(
+                "async_rollouts with dynamic_sampling is not supported yet (its refill rounds need the batch's "
+                "rewards before it trains); set one of them to false."
+            )
+        if not self.vllm_importance_sampling_correction:
+            raise VLMGRPOError(
+                "async_rollouts samples with weights up to max_staleness steps old, which "
+                "vllm_importance_sampling_correction corrects (without it, off-policy training drifts); set "
+                "vllm_importance_sampling_correction: true."
             )
 
     def _check_dynamic_sampling(self) -> None:

@@ -78,3 +78,15 @@ def same_prompt(a: dict[str, Any], b: dict[str, Any]) -> bool:
         x is y or (x.size == y.size and x.mode == y.mode and x.tobytes() == y.tobytes())
         for x, y in zip(images_a, images_b, strict=True)
     )
+
+
+def reward_prompts(inputs: Sequence[dict[str, Any]]) -> list[Any]:
+    """The prompts reward functions receive, as TRL hands them: its multimodal messages (images inside) when the batch
+    has images, else the rows' prompts."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    prompts = [x["prompt"] for x in inputs]
+    images = [row_images(x) for x in inputs]
+    if not any(images):
+        return prompts
+    return [prepare_multimodal_messages(p, images=i) for p, i in zip(prompts, images, strict=True)]

@@ -178,7 +178,9 @@ class Rollout:
         self.version = 0  # the policy version the batch being sampled comes from
 
     # ------------------------------------------------------------------------------------------ one batch
-    def sample(self, inputs: list[dict[str, Any]], mode: str, version: int) -> RolloutBatch:
+    def sample(
+        self, inputs: list[dict[str, Any]], mode: str, version: int, clear_features: bool = True
+    ) -> RolloutBatch:
         """Sample one generation batch (rows repeat each prompt G times); every process calls it together.
 
         Args:
@@ -186,10 +188,13 @@ class Rollout:
             mode (`str`): "train" or "eval".
             version (`int`): the policy's version (optimizer steps taken): the vLLM engine gets its weights when it
                 holds another.
+            clear_features (`bool`, *optional*, defaults to `True`): a training batch starts frozen vision's feature
+                cache afresh; asynchronous rollouts leave it to the trainer, whose passes of the batch before still
+                read it.
         """
         self.version = version
         timer = PhaseTimer()
-        if self.image_features is not None and mode == "train":
+        if self.image_features is not None and mode == "train" and clear_features:
             self.image_features.clear()  # the previous generation batch's features are not needed any more
         if self.vllm is not None:
             self.vllm.sync(version, self.profile)

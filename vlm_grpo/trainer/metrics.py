@@ -10,11 +10,40 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import gather, gather_object
 from trl.trainer.utils import nanstd
 
 from ..data.rows import row_images
+from ..rollout.batch import is_truncated
 from ..runtime.monitoring import length_stats
+
+
+def lengths_of(
+    encoded: list[Any],
+    completion_ids: list[list[int]],
+    tool_mask: list[list[int]] | None,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    device: torch.device,
+) -> tuple[int, dict[str, float]]:
+    """`(tokens, metrics)` of a batch's rows over every process (a collective): the prompt and completion tokens
+    (with tools, the model's tokens only, as TRL counts them) and `length_metrics`.
+
+    Args:
+        encoded (`list[EncodedPrompt]`): this process's rows' prompts.
+        completion_ids (`list[list[int]]`): their completions.
+        tool_mask (`list[list[int]]`, *optional*): with tools, 1 on the model's tokens.
+        eos_token_ids (`list[int]`): a completion that ends on neither these nor pad is truncated.
+        pad_token_id (`int`): the tokenizer's pad id.
+        device (`torch.device`): where the gathered tensors go.
+    """
+    prompt_lengths = gather(torch.tensor([len(e.input_ids) for e in encoded], device=device))  # [N]
+    counted = [len(i) for i in completion_ids] if tool_mask is None else [sum(m) for m in tool_mask]
+    lengths = gather(torch.tensor(counted, device=device)).float()  # [N]
+    truncated = [is_truncated(i, eos_token_ids, pad_token_id) for i in completion_ids]
+    truncated = gather(torch.tensor(truncated, device=device))  # [N]
+    tokens = int(prompt_lengths.sum().item() + lengths.sum().item())
+    return tokens, length_metrics(prompt_lengths, lengths, truncated)
 
 
 def length_metrics(

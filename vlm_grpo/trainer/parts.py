@@ -14,6 +14,7 @@ from ..config import fast_generation_mode, sharing_mode
 from ..errors import VLMGRPOError
 from ..policy.image_features import ImageFeatureCache
 from ..policy.sharing_plan import SharingPolicy
+from ..rollout.asynchronous import AsyncRollouts, generation_batches
 from ..rollout.dynamic_sampling import DynamicSampling
 from ..rollout.fast_generation import FastGeneration, decide_fast_generation
 from ..rollout.generation import GenerateSettings, TransformersSampler
@@ -176,3 +177,24 @@ def _tools(trainer: Any, model_config: Any) -> Tools:
         multi_environment=trainer._multi_environment,
         loop=loop,
     )
+
+
+def async_rollouts(trainer: Any, rollout: Rollout) -> AsyncRollouts | None:
+    """With `async_rollouts`, the thread that samples the next generation batches on the server, over a second
+    training data loader built as the trainer's (the same rows in the same order); None otherwise."""
+    args = trainer.args
+    if not args.async_rollouts:
+        return None
+    if trainer.rollout_func is not None:
+        raise VLMGRPOError(
+            "async_rollouts with a rollout_func is not supported (the function gets the trainer, which trains while "
+            "the next batch samples); sample with tools or environments instead, or set async_rollouts: false."
+        )
+    if trainer.accelerator.num_processes > 1:
+        raise VLMGRPOError(
+            "async_rollouts runs on one training process for now (the sampling thread would meet the other processes' "
+            "collectives); train on one process, or set async_rollouts: false."
+        )
+    every = args.steps_per_generation * trainer.num_iterations
+    batches = generation_batches(trainer.get_train_dataloader(), every)
+    return AsyncRollouts(rollout, batches, args.max_staleness)

@@ -32,13 +32,12 @@ from peft import PeftConfig
 from safetensors import SafetensorError
 from transformers import GenerationConfig, PreTrainedModel, ProcessorMixin
 from trl import GRPOTrainer
-from trl.data_utils import prepare_multimodal_messages
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import split_tensor_dict, use_adapter
 
 from ..advantages import group_advantages
-from ..data.rows import row_images
+from ..data.rows import reward_prompts
 from ..errors import VLMGRPOError
 from ..models import ModelFamily, get_model_family
 from ..policy.lm_head import keep_embedding_dtype
@@ -46,8 +45,9 @@ from ..policy.shared_prefix import shuffle_batch
 from ..policy.sharing_plan import FULL_ROWS, SharingPlan
 from ..rewards.guard import RewardError
 from ..rewards.text import REASONING_OPENED
-from ..rollout.batch import Sampled, across_processes, is_truncated, pad_batch
+from ..rollout.batch import Sampled, across_processes, pad_batch
 from ..rollout.vllm.cpu import keep_linear_weights_plain
+from ..rollout.vllm.cpu_transfer import install_client
 from ..rollout.vllm.generation import release_process_groups
 from ..rollout.vllm.payload import check_vllm_architecture, check_vllm_cpu_attention, warn_vllm_cpu_image_mask
 from ..runtime.monitoring import PhaseTimer, step_metrics
@@ -64,9 +64,9 @@ from .checkpoints import (
     mark_complete,
 )
 from .logps import LogProbPasses
-from .metrics import length_metrics, log_completions, reward_metrics
+from .metrics import lengths_of, log_completions, reward_metrics
 from .rollout_buffer import load_rollout, save_rollout
-from .vllm_correction import importance_sampling_ratio, local_statistics, sampling_metrics
+from .vllm_correction import importance_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,8 @@ class VLMGRPOTrainer(GRPOTrainer):
             warn_vllm_cpu_image_mask(family, model.config, args.device)
             if args.vllm_mode == "colocate":  # on a CPU, vLLM's packed weights could not take the weight sync
                 keep_linear_weights_plain()
+            else:  # on a CPU, the weights go to the server over gloo (NCCL needs CUDA)
+                install_client()
         with setup.trl_view_of(args, builds_reference, placeholders, model) as hidden_tie:
             super().__init__(
                 model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
@@ -207,6 +209,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             self._tokenizer.pad_token_id,
         )  # fmt: skip
         self.rollout = parts.build_rollout(self, None if self.use_vllm else self.generation_config, fast)
+        self._async = parts.async_rollouts(self, self.rollout)
 
     def release_process_groups(self) -> None:
         """Destroy the process groups vLLM set up in colocate mode, through vLLM (see `shutdown.finish_processes`).
@@ -226,8 +229,7 @@ class VLMGRPOTrainer(GRPOTrainer):
             metrics = step_metrics(
                 self._timer.pop(), self._step_seconds, self._step_tokens, self.accelerator.num_processes
             )
-            for name, value in metrics.items():
-                self._metrics["train"][name].append(value)
+            self._log("train", metrics)
             self._step_seconds, self._step_tokens = 0.0, 0
         return loss
 
@@ -252,18 +254,22 @@ class VLMGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Roll out, score and compute advantages for one generation batch (rows repeat each prompt G times)."""
         mode = "train" if self.model.training else "eval"
-        rolled = self.rollout.sample(inputs, mode, self.state.global_step)
+        rolled = self._roll_out(inputs, mode)
         if mode == "train":
             self._timer.add(rolled.seconds)
-        for name, value in rolled.metrics.items():
-            self._metrics[mode][name].append(value)
+        self._log(mode, rolled.metrics)
         sampled = rolled.sampled
         self._log_lengths(mode, sampled)
         batch = self._pad_batch(sampled, rolled.image_inputs)
         batch["sharing"] = self._plan(sampled, batch["completion_ids"].size(1))
         self._old_and_reference_logps(batch, mode)
-        if self._corrects_vllm_sampling:
-            self._vllm_importance_sampling(batch, mode)
+        if self._corrects_vllm_sampling:  # TRL's importance-sampling ratio, its `sampling/*` metrics
+            ratio, metrics = importance_sampling(
+                batch, self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min,
+                self.vllm_importance_sampling_clip_max, self.accelerator.gather,
+            )  # fmt: skip
+            batch["importance_sampling_ratio"] = ratio  # [B, C], or [B, 1] per sequence
+            self._log(mode, metrics)
         if rolled.rewards is None:
             with self._timed("reward", mode):
                 rewards_per_func = self._score(sampled, keep_logs=True)[0]  # [N, F]
@@ -279,11 +285,10 @@ class VLMGRPOTrainer(GRPOTrainer):
             )  # [N] each  # fmt: skip
         n = len(sampled.inputs)
         batch["advantages"] = advantages[self.accelerator.process_index * n :][:n]  # [B], this process's rows
-        for name, value in reward_metrics(
-            rewards_per_func, self.reward_weights, self.reward_func_names, is_std_zero
-        ).items():
-            self._metrics[mode][name].append(value)
-        prompts = self._reward_prompts(sampled.inputs)
+        self._log(
+            mode, reward_metrics(rewards_per_func, self.reward_weights, self.reward_func_names, is_std_zero)
+        )
+        prompts = reward_prompts(sampled.inputs)
         log_completions(
             self, mode, sampled.inputs, prompts, sampled.completions, rewards_per_func, advantages
         )
@@ -291,6 +296,31 @@ class VLMGRPOTrainer(GRPOTrainer):
             self._write_samples(rolled, rewards_per_func, advantages, num_generations)
             self._watch_signal(rewards, is_std_zero, rolled.metrics.get("tools/call_frequency"))
         return batch
+
+    def _roll_out(self, inputs: list[dict[str, Any]], mode: str) -> Any:
+        """The rollout of a generation batch: sampled now, or with `async_rollouts` taken from the batches the server
+        sampled while the previous ones trained (see `rollout.asynchronous`)."""
+        step = self.state.global_step
+        if self._async is None:
+            return self.rollout.sample(inputs, mode, step)
+        if mode == "eval":  # sampled now, between two of the thread's batches
+            with self._async.lock:
+                return self.rollout.sample(inputs, mode, self.rollout.vllm.version)
+        if step % self.args.weight_sync_steps == 0:
+            self._async.sync(step)
+        if self.image_features is not None:
+            self.image_features.clear()  # the previous batch's passes are done
+        batch = self._async.take(inputs, step)
+        self._log(mode, self._async.metrics())
+        return batch
+
+    def train(self, *args, **kwargs):
+        """`Trainer.train`; with `async_rollouts`, the sampling thread is stopped when training ends or fails."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            if self._async is not None:
+                self._async.close()
 
     def _timed(self, phase: str, mode: str):
         """Times `phase` of a training step (evaluation is not timed)."""
@@ -347,22 +377,6 @@ class VLMGRPOTrainer(GRPOTrainer):
         """Whether vLLM's sampling log-probs weight the loss (`vllm_importance_sampling_correction`, as TRL)."""
         return self.use_vllm and self.vllm_importance_sampling_correction
 
-    def _vllm_importance_sampling(self, batch: dict[str, Any], mode: str) -> None:
-        """Add TRL's `importance_sampling_ratio` `[B, C]` (`[B, 1]` per sequence) and log its `sampling/*` metrics."""
-        old, sampling = batch["old_per_token_logps"], batch["sampling_per_token_logps"]
-        mask = batch["completion_mask"] * batch.get("tool_mask", 1)  # [B, C]: the model's tokens, as TRL
-        mode_name = self.vllm_importance_sampling_mode
-        ratio = importance_sampling_ratio(
-            old, sampling, mask, mode_name, self.vllm_importance_sampling_clip_min,
-            self.vllm_importance_sampling_clip_max,
-        )  # fmt: skip
-        batch["importance_sampling_ratio"] = ratio
-        local = local_statistics(old, sampling, mask, ratio, mode_name)
-        for name, value in sampling_metrics(
-            {k: self.accelerator.gather(v) for k, v in local.items()}
-        ).items():
-            self._metrics[mode][name].append(value)
-
     def _policy_logps(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, image_inputs, sharing
     ) -> torch.Tensor:
@@ -396,7 +410,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         """
         self.environments = sampled.environments  # TRL hands the rows' environments to the rewards
         rewards = self._calculate_rewards(
-            sampled.inputs, self._reward_prompts(sampled.inputs), sampled.completions, sampled.completion_ids
+            sampled.inputs, reward_prompts(sampled.inputs), sampled.completions, sampled.completion_ids
         )  # [N, F]
         if sampled.failures is not None:
             failed = torch.tensor([int(f is not None) for f in sampled.failures], device=rewards.device)
@@ -407,15 +421,6 @@ class VLMGRPOTrainer(GRPOTrainer):
         self._pending_extra_logs.clear()
         self._pending_metrics.clear()
         return rewards, extra, logged
-
-    @staticmethod
-    def _reward_prompts(inputs: list[dict[str, Any]]) -> list[Any]:
-        """The prompts reward functions receive: TRL's multimodal messages (images inside) when the batch has images."""
-        prompts = [x["prompt"] for x in inputs]
-        images = [row_images(x) for x in inputs]
-        if not any(images):
-            return prompts
-        return [prepare_multimodal_messages(p, images=i) for p, i in zip(prompts, images, strict=True)]
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list) -> torch.Tensor:
         """TRL's rewards `[N, F]`, gathered; a reward that fails on one process stops every process with its message.
@@ -439,25 +444,21 @@ class VLMGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------ logs
     def _log_lengths(self, mode: str, sampled: Sampled) -> None:
-        """Token counts and completion-length metrics, as TRL logs them (with tools, the model's tokens only), plus
-        length percentiles."""
-        device, pad_id = self.accelerator.device, self._tokenizer.pad_token_id
-        completion_ids, tool_mask = sampled.completion_ids, sampled.tool_mask
-        prompt_lengths = gather(
-            torch.tensor([len(e.input_ids) for e in sampled.encoded], device=device)
-        )  # [N]
-        counted = [len(i) for i in completion_ids] if tool_mask is None else [sum(m) for m in tool_mask]
-        lengths = gather(torch.tensor(counted, device=device)).float()  # [N]
-        truncated = gather(
-            torch.tensor([is_truncated(i, self.eos_token_ids, pad_id) for i in completion_ids]).to(device)
+        """Token counts and completion-length metrics, as TRL logs them (see `metrics.lengths_of`)."""
+        pad_id, device = self._tokenizer.pad_token_id, self.accelerator.device
+        tokens, metrics = lengths_of(
+            sampled.encoded, sampled.completion_ids, sampled.tool_mask, self.eos_token_ids, pad_id, device
         )
-        total_tokens = int(prompt_lengths.sum().item() + lengths.sum().item())
         if mode == "train":
-            self.state.num_input_tokens_seen += total_tokens
-            self._step_tokens += total_tokens
-        for name, value in length_metrics(prompt_lengths, lengths, truncated).items():
-            self._metrics[mode][name].append(value)
+            self.state.num_input_tokens_seen += tokens
+            self._step_tokens += tokens
+        self._log(mode, metrics)
         self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
+
+    def _log(self, mode: str, metrics: dict[str, float]) -> None:
+        """Append each metric's value for this step (TRL averages them over the logging steps)."""
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
 
     def _write_samples(self, rolled, rewards_per_func, advantages, num_generations) -> None:
         """At step 1 and every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (see

@@ -11,6 +11,8 @@ vLLM samples with its own kernels, so the log-prob it gives a sampled token diff
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from trl.trainer.utils import nanmax, nanmin
@@ -95,3 +97,31 @@ def sampling_metrics(gathered: dict[str, torch.Tensor]) -> dict[str, float]:
         .item(),
         "sampling/importance_sampling_ratio/max": nanmax(gathered["importance_sampling_ratio/max"]).item(),
     }
+
+
+def importance_sampling(
+    batch: dict[str, Any],
+    mode: str,
+    clip_min: float,
+    clip_max: float,
+    gather: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """TRL's importance-sampling ratio of a batch from its old and sampling log-probs, over the model's tokens (tool
+    results left out, as TRL), and its `sampling/*` metrics over every process.
+
+    Args:
+        batch (`dict`): `old_per_token_logps`, `sampling_per_token_logps`, `completion_mask` and, with tools,
+            `tool_mask`, each `[B, C]`.
+        mode (`str`): TRL's `vllm_importance_sampling_mode`.
+        clip_min (`float`): TRL's `vllm_importance_sampling_clip_min`.
+        clip_max (`float`): TRL's `vllm_importance_sampling_clip_max`.
+        gather (`Callable`): gathers a tensor over every process (a collective).
+
+    Returns:
+        `(ratio [B, C] or [B, 1], metrics)`.
+    """
+    old, sampling = batch["old_per_token_logps"], batch["sampling_per_token_logps"]
+    mask = batch["completion_mask"] * batch.get("tool_mask", 1)  # [B, C]
+    ratio = importance_sampling_ratio(old, sampling, mask, mode, clip_min, clip_max)
+    local = local_statistics(old, sampling, mask, ratio, mode)
+    return ratio, sampling_metrics({k: gather(v) for k, v in local.items()})

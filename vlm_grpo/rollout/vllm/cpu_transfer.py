@@ -1,4 +1,4 @@
-"""Test-only stand-in for the NCCL weight transfer of TRL's vLLM server mode, so that it runs on vLLM's CPU backend.
+"""Server mode on a CPU: the weight transfer of TRL's vLLM server mode over gloo, where NCCL cannot run.
 
 In server mode (`vllm_mode: server`, `trl vllm-serve`) TRL's `VLLMClient` pushes the trainer's weights into the server
 through vLLM's weight-transfer engine (`--weight-transfer-config '{"backend": "nccl"}'`, which `trl vllm-serve` sets):
@@ -12,24 +12,26 @@ through vLLM's weight-transfer engine (`--weight-transfer-config '{"backend": "n
    `load_weights`, inside vLLM's layerwise reload.
 
 The process group is NCCL (`PyNcclCommunicator`) and the packed broadcasts run on CUDA streams: none of that exists on
-CPU, and TRL refuses up front (`NotImplementedError: Weight synchronization runs on vLLM's NCCL weight-transfer engine,
-which needs a CUDA device`). This module replaces exactly those transport pieces with gloo, on both sides:
+a CPU, and TRL refuses up front (`NotImplementedError: Weight synchronization runs on vLLM's NCCL weight-transfer
+engine, which needs a CUDA device`). On vLLM's CPU backend, and only there, this module replaces exactly those
+transport pieces with gloo, on both sides:
 
 - the process group: a gloo group over the same `StatelessProcessGroup` rendezvous (same address, port, ranks and
   world size), in place of NCCL's;
 - the packed broadcasts: the same chunks of vLLM's `pack_tensors` / `unpack_tensor` layout, broadcast with gloo, in
   place of NCCL on CUDA streams;
-- TRL's device check: the trainer joins the group on CPU (the check names the device NCCL would run on).
+- TRL's device check: the trainer joins the group on the CPU (the check names the device NCCL would run on).
 
-Everything else is the real code: TRL's client and its HTTP calls, `trl vllm-serve` and vLLM's OpenAI server with its
-development endpoints, vLLM's worker-side `NCCLWeightTransferEngine` (update info, layerwise reload, the model's
-`load_weights`), TRL's weight metadata and iteration, and generation. On a GPU nothing is patched.
+Everything else is the real code: TRL's client and its HTTP calls, `trl vllm-serve` and vLLM's OpenAI server, vLLM's
+worker-side `NCCLWeightTransferEngine` (update info, layerwise reload, the model's `load_weights`), TRL's weight
+metadata and iteration, and generation. On a GPU nothing is patched.
 
-The server side also gets `vlm_grpo.rollout.vllm.cpu` (linear layers keep plain weights: without it the sync completes, but the
-server's log-probs do not follow the synced weights). `install_server` is a vLLM general plugin (entry point group
-`vllm.general_plugins`), which vLLM loads in each of its processes (API server, engine core, workers): the test starts
-`trl vllm-serve` with `plugin_path(folder)` on `PYTHONPATH`, a folder holding only the entry point's metadata. The
-trainer's process calls `install_client()` before building the trainer.
+The trainer's side (`install_client`) is installed by `VLMGRPOTrainer` in server mode. The server's side
+(`install_server`, with `cpu.keep_linear_weights_plain`: without it the sync completes, but the server's log-probs do
+not follow the synced weights) is a vLLM general plugin that this package declares (entry point group
+`vllm.general_plugins`, name `vlm_grpo_cpu_weight_transfer`): vLLM loads it in each of its processes (API server,
+engine core, workers) when `vlm_grpo` is installed next to it, so `trl vllm-serve` on a CPU takes the trainer's
+weights with no option to set.
 """
 
 from __future__ import annotations
@@ -37,13 +39,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 
-PLUGIN_NAME = "vlm_grpo_cpu_weight_transfer"
-"""The name of `install_server` among vLLM's general plugins (`VLLM_PLUGINS` selects plugins by it)."""
 TIMEOUT = timedelta(minutes=5)
 
 
@@ -164,17 +163,17 @@ def broadcast_consumer(
 
 
 def install_client() -> bool:
-    """In the trainer's process: TRL's `VLLMClient` joins and feeds the gloo group. Returns whether it patched
-    (False off CPU)."""
+    """In the trainer's process: TRL's `VLLMClient` joins and feeds the gloo group. Returns whether vLLM runs on the
+    CPU (then patched)."""
     import trl.generation.vllm_client as client
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return False
-    if getattr(client.VLLMClient.init_communicator, "joins_on_cpu", False):
+    if _CLIENT_INSTALLED:
         return True
     if not client._HAS_STATEFUL_TRAINER_ENGINE:
-        raise RuntimeError("the gloo stand-in follows vLLM >= 0.28's weight transfer (TRL's stateful path)")
+        raise RuntimeError("the gloo weight transfer follows vLLM >= 0.28's (TRL's stateful path)")
     client.open_trainer_endpoint = trainer_init
     client.packed_nccl_broadcast_producer = broadcast_producer
     init_communicator = client.VLLMClient.init_communicator
@@ -184,40 +183,26 @@ def install_client() -> bool:
         # selects nothing (TRL sets a device only for an index), and the gloo group above runs on CPU.
         init_communicator(self, device="cuda")
 
-    init_communicator_on_cpu.joins_on_cpu = True
     client.VLLMClient.init_communicator = init_communicator_on_cpu
+    _CLIENT_INSTALLED.append(init_communicator_on_cpu)
     return True
 
 
+_CLIENT_INSTALLED: list = []
+"""The installed client side, so that a second call changes nothing."""
+
+
 def install_server() -> None:
-    """vLLM general plugin, in each of the server's processes: `vlm_grpo.rollout.vllm.cpu` and the gloo transport of the
-    worker's `NCCLWeightTransferEngine`. Does nothing off CPU."""
+    """vLLM general plugin, in each of the server's processes: `cpu.keep_linear_weights_plain` and the gloo transport
+    of the worker's `NCCLWeightTransferEngine`. Does nothing off CPU."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
     import vllm.distributed.weight_transfer.nccl_engine as engine
 
-    from vlm_grpo.rollout.vllm.cpu import keep_linear_weights_plain
+    from .cpu import keep_linear_weights_plain
 
     keep_linear_weights_plain()
     engine.worker_init_process_group = worker_init_process_group
     engine.packed_nccl_broadcast_consumer = broadcast_consumer
-
-
-def plugin_path(folder: Path) -> Path:
-    """Write into `folder` the distribution metadata that registers `install_server` as a vLLM general plugin.
-
-    Args:
-        folder (`Path`): a folder to put on the server's `PYTHONPATH`, next to this module's folder.
-
-    Returns:
-        `Path`: `folder`.
-    """
-    info = folder / f"{PLUGIN_NAME}-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PLUGIN_NAME}\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(
-        f"[vllm.general_plugins]\n{PLUGIN_NAME} = {Path(__file__).stem}:install_server\n"
-    )
-    return folder
