@@ -14,6 +14,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
+from accelerate.utils import is_peft_model
 
 from ...errors import VLMGRPOError
 from ...models import EncodedPrompt, ModelFamily
@@ -26,18 +27,22 @@ from .payload import (
 )
 
 
-def name_weights_for_vllm(vllm_generation: Any, family: ModelFamily) -> None:
+def name_weights_for_vllm(vllm_generation: Any, family: ModelFamily, copied: bool = False) -> None:
     """Make TRL's weight sync hand vLLM each parameter in the family's vLLM layout (see `ModelFamily.vllm_weights`).
 
     Args:
         vllm_generation (`Any`): TRL's `VLLMGeneration` of the trainer.
         family (`ModelFamily`): the policy's family.
+        copied (`bool`, *optional*, defaults to `False`): hand over copies of the parameters. Server mode with LoRA
+            needs them: TRL merges the adapter, iterates the parameters and unmerges it once the iteration ends, while
+            the weight transfer packs the last tensors it was handed only after that, so without copies the server
+            got the base model's weights for them (on a tiny model, for all of them) and kept sampling the base model.
     """
     trl_weights = vllm_generation._iter_named_params
 
     def vllm_weights() -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in trl_weights():
-            yield from family.vllm_weights(name, tensor)
+            yield from family.vllm_weights(name, tensor.detach().clone() if copied else tensor)
 
     vllm_generation._iter_named_params = vllm_weights
 
@@ -139,7 +144,9 @@ class VLLMSampler:
     ):
         self.backend, self.mode, self.family, self.processor = vllm_generation, mode, family, processor
         self.is_main_process, self.collects_processes = is_main_process, collects_processes
-        name_weights_for_vllm(vllm_generation, family)
+        name_weights_for_vllm(
+            vllm_generation, family, copied=mode == "server" and is_peft_model(vllm_generation.model)
+        )
         self._videos = ColocatedVideos(vllm_generation) if mode == "colocate" else None
         self.version: int | None = None  # the policy version whose weights the engine holds
         self._step = 1
@@ -231,13 +238,17 @@ class VLLMSampler:
     @contextmanager
     def _server_answers(self, what: str) -> Iterator[None]:
         """Server mode: a server that stops answering (killed, crashed, unreachable after the client's retries) stops
-        the run with one line naming it and the step; the last complete checkpoint stays as it was."""
+        the run with one line naming it and the step; the last complete checkpoint stays as it was. Its end shows as
+        an HTTP error, or, during the weight sync, as the weight-transfer group losing its peer."""
         import requests
 
         try:
             yield
-        except requests.exceptions.RequestException as error:
-            if self.mode != "server":
+        except (requests.exceptions.RequestException, RuntimeError) as error:
+            lost_peer = isinstance(error, RuntimeError) and "by peer" in str(error)
+            if self.mode != "server" or not (
+                lost_peer or isinstance(error, requests.exceptions.RequestException)
+            ):
                 raise
             url = self.backend.vllm_client.base_url
             reason = " ".join(str(error).split())[:200]
