@@ -104,3 +104,13 @@ def test_vllm_sleep_mode_releases_weights_and_cache_without_keeping_them_on_the_
     share = int(0.3 * 80 * GIB)
     assert sleeping.peak == max(server.peak, sum(t.gpu for t in server.held) + share)
     assert sleeping.host == server.host == 0
+
+
+def test_async_rollouts_plan_the_training_process_alone(tiny_model):
+    """With `async_rollouts` the server samples on devices of its own: the trainer's plan is server mode's, whose
+    generation holds nothing here, and whose old log-prob pass (vLLM's sampling correction) runs in every step."""
+    path = tiny_model(DEFAULT_FAMILY)
+    server = vllm_plan(path, vllm_mode="server")
+    asynchronous = vllm_plan(path, vllm_mode="server", async_rollouts=True)
+    assert asynchronous.peak == server.peak and asynchronous.host == server.host
+    assert "generation" not in [t.name for t in asynchronous.held]
