@@ -174,18 +174,45 @@ def install_client() -> bool:
         return True
     if not client._HAS_STATEFUL_TRAINER_ENGINE:
         raise RuntimeError("the gloo weight transfer follows vLLM >= 0.28's (TRL's stateful path)")
-    client.open_trainer_endpoint = trainer_init
     client.packed_nccl_broadcast_producer = broadcast_producer
-    init_communicator = client.VLLMClient.init_communicator
-
-    def init_communicator_on_cpu(self: Any, device: Any = 0) -> None:
-        # TRL's device names where NCCL runs and is refused off CUDA; a device-less "cuda" passes that check and
-        # selects nothing (TRL sets a device only for an index), and the gloo group above runs on CPU.
-        init_communicator(self, device="cuda")
-
-    client.VLLMClient.init_communicator = init_communicator_on_cpu
-    _CLIENT_INSTALLED.append(init_communicator_on_cpu)
+    client.VLLMClient.init_communicator = init_communicator
+    _CLIENT_INSTALLED.append(init_communicator)
     return True
+
+
+def init_communicator(self: Any, device: Any = 0) -> None:
+    """TRL's `VLLMClient.init_communicator` on the CPU: the server's weight-transfer engine joins a group with the
+    trainer (rank 0, the workers after it), here a gloo one (`trainer_init`) in place of TRL's NCCL endpoint, which
+    TRL refuses off CUDA. The same requests and rendezvous as TRL's; `device` is unused (the group runs on the CPU).
+
+    Args:
+        self (`VLLMClient`): TRL's client of the server.
+        device (`Any`, *optional*, defaults to `0`): TRL's argument, the device NCCL would run on.
+    """
+    import atexit
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trl.generation.vllm_client import get_ip
+
+    if self.get_server_info()["weight_transfer_config"] is None:
+        raise RuntimeError(
+            f"The vLLM server at {self.base_url} has no weight-transfer engine; start it with trl vllm-serve."
+        )
+    init_info = {
+        "master_address": get_ip(),
+        "master_port": self.group_port,
+        "rank_offset": 1,
+        "world_size": self.get_world_size() + 1,
+        "packed": True,
+    }
+    # the server blocks in the rendezvous while it handles the request: the trainer joins meanwhile
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        future = executor.submit(
+            self._post, f"{self.base_url}/init_weight_transfer_engine", json={"init_info": init_info}
+        )
+        self.communicator = trainer_init(init_info)
+        future.result()
+    atexit.register(self.close_communicator)
 
 
 _CLIENT_INSTALLED: list = []
