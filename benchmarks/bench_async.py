@@ -44,7 +44,8 @@ def build(work: Path, smoke: bool) -> tuple[Path, Path]:
 
     dims = SCALES["smoke" if smoke else "small"]
     side = 56 if smoke else dims["long_side"]
-    model = Path(build_model(work / "model", dims, side, seed=0))
+    model = work / "model"
+    build_model(model, dims, side, seed=0)  # returns its size, for the report
     dataset = build_dataset(SHAPES["recipe"], side, n=16, seed=0)
     dataset.save_to_disk(work / "data")
     return model, work / "data"
@@ -76,7 +77,7 @@ def train(model: Path, data: Path, port: int, asynchronous: bool, opts, out: Pat
     """Runs in its own process (`--train`): one run, its step times and async metrics written to `out`."""
     import torch
     from datasets import load_from_disk
-    from transformers import TrainerCallback
+    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
     sys.path.insert(0, str(HERE))
     from bench_grpo import SHAPES, language_lora, length_reward
@@ -110,6 +111,8 @@ def train(model: Path, data: Path, port: int, asynchronous: bool, opts, out: Pat
         str(model), length_reward, args=args, train_dataset=load_from_disk(str(data)),
         peft_config=language_lora(str(model)), callbacks=[steps],
     )  # fmt: skip
+    for callback in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(callback)
     trainer.train()
     logs = [e for e in trainer.state.log_history if "loss" in e][opts.warmup :]
     result = {

@@ -255,7 +255,7 @@ class VLMGRPOTrainer(GRPOTrainer):
         """Roll out, score and compute advantages for one generation batch (rows repeat each prompt G times)."""
         mode = "train" if self.model.training else "eval"
         rolled = self._roll_out(inputs, mode)
-        if mode == "train":
+        if mode == "train" and self._async is None:  # sampled in the step (asynchronous: beside it)
             self._timer.add(rolled.seconds)
         self._log(mode, rolled.metrics)
         sampled = rolled.sampled
