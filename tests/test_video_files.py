@@ -39,8 +39,8 @@ CONTAINERS = {
     "mpegts-mpeg2video": ("clip.ts", "mpeg2video"),
 }
 """Containers that declare no frame count, each with a codec it takes that PyAV's FFmpeg encodes."""
-ENCODING_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "glm4v", "internvl", "gemma4")
-"""One family per distinct video sampler (Qwen2-VL's with frame timing, Qwen3-VL's, GLM's by duration, InternVL's and
+ENCODING_FAMILIES = VIDEO_FAMILIES
+"""Every family that reads video here (their samplers: Qwen's with frame timing, GLM's by duration, InternVL's and
 Gemma 4's frames as images)."""
 
 
