@@ -252,3 +252,18 @@ def test_benchmarks_measure_a_tiny_published_config_on_cuda(tmp_path):
     held, peak, reserved = float(row[9]), float(row[13]), float(row[15])  # whole MiB: a tiny model holds ~0
     assert 0 <= held <= peak <= reserved and reserved > 0
     assert float(row[16]) > 0 and float(row[17]) > 0  # the ratios
+
+
+@pytest.mark.vllm
+def test_bench_async_times_both_runs_on_one_server():
+    """`bench_async.py --smoke`: a `trl vllm-serve` on one core, a synchronous and an asynchronous run on the other,
+    their median steps and the ratio printed; the asynchronous run sampled ahead (staleness 1) and the server is gone
+    at the end."""
+    proc = run(BENCHMARKS / "bench_async.py", "--smoke", "--steps", "2", "--warmup", "1", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert re.fullmatch(r"server on core \d+, trainer on [\d,]+; 2 timed steps after 1", lines[-4]), lines
+    assert lines[-3].startswith("synchronous") and "staleness max 0" in lines[-3]
+    assert lines[-2].startswith("async_rollouts") and "staleness max 1" in lines[-2]
+    ratio = float(re.fullmatch(r"ratio async_rollouts: ([\d.]+)", lines[-1])[1])
+    assert ratio > 0
