@@ -552,8 +552,8 @@ def test_rollout_func_must_encode_images_as_the_trainer_does(tools_model, tmp_pa
 
 
 def test_dynamic_sampling_and_the_samples_log_with_tools(tools_model, tmp_path):
-    """Dynamic sampling keeps whole multi-turn rows (their tool masks and tool images with them), and the samples log
-    shows each turn: the call, the tool's result, the answer."""
+    """Dynamic sampling keeps whole multi-turn rows (their tool masks and tool images with them), `tools/*` describe
+    the rows trained on, and the samples log shows each turn: the call, the tool's result, the answer."""
     flat_for_red = lambda completions, solution, **kwargs: [  # noqa: E731
         1.0 if s == "red" else turns_reward([c])[0] for c, s in zip(completions, solution, strict=True)
     ]
@@ -562,6 +562,10 @@ def test_dynamic_sampling_and_the_samples_log_with_tools(tools_model, tmp_path):
     )
     batch = trainer._generate_and_score_completions(two_groups())  # red (flat), green
     assert batch["tool_mask"].shape == batch["completion_ids"].shape
+    # `tools/*` describe the rows trained on (the completions table holds them), not every round's rows
+    trained = list(trainer._logs["completion"])
+    calls = sum(sum(m["role"] == "tool" for m in c) for c in trained) / len(trained)
+    assert trainer._metrics["train"]["tools/call_frequency"] == [pytest.approx(calls)]  # one value, the batch's
     tool_rows = (batch["tool_mask"] == 0).any(1)
     for i, row in enumerate(batch["image_inputs"]):  # a row with a tool result holds the tool's image too
         assert (row["image_grid_thw"].size(0) == 2) == bool(tool_rows[i])
