@@ -212,17 +212,15 @@ class Rollout:
         """Encode each distinct prompt once, sample one completion per row, decode; then the tool loop."""
         rows = load_rows(inputs)
         inputs = list(inputs)
-        environments = failures = None
+        names = environments = failures = None
         if self.tools is not None and self.tools.factories is not None:
-            environments, failures = self._reset_environments(inputs, rows)
-        schemas = self._schemas(inputs, environments)
+            names, environments, failures = self._reset_environments(inputs, rows)
+        schemas = self._schemas(len(inputs), names)
         with timer("gen"):
             encoded = self.encode_prompts(rows, schemas)
             shared = self.sharing.shares_generation(*self.shape(encoded, self.settings.max_completion_length))
             tool_mask = None
-            if self.rollout_func is not None:
-                if self.vllm is not None:  # rollout_funcs sample with vLLM
-                    self.vllm.sync(self.version, self.profile)
+            if self.rollout_func is not None:  # with vLLM, it samples from the engine `sample` synced
                 out = call_rollout_func(self.rollout_func, rows, inputs, encoded)
                 inputs, encoded, completion_ids, tool_mask = (
                     out.inputs,
@@ -325,9 +323,10 @@ class Rollout:
     # ------------------------------------------------------------------------------------------ tools
     def _reset_environments(
         self, inputs: list[dict[str, Any]], rows: list[dict[str, Any]]
-    ) -> tuple[list[Any], list[str | None]]:
-        """Draw each row's environment from the pool and reset it, as TRL does: a `reset()` observation joins the
-        row's prompt (in `rows` and `inputs`, for the rewards too). A `reset()` that raises fails its row only."""
+    ) -> tuple[list[Any], list[Any], list[str | None]]:
+        """`(names, instances, failures)`: each row's environment drawn from the pool and reset, as TRL does (a
+        `reset()` observation joins the row's prompt, in `rows` and `inputs`, for the rewards too); a `reset()` that
+        raises fails its row only."""
         tools = self.tools
         names, environments = draw_environments(inputs, tools.factories, tools.pool, tools.multi_environment)
         prompts, failures = reset_environments(
@@ -341,16 +340,15 @@ class Rollout:
                     f"Environment of row {i} ({names[i] or 'environment_factory'}, prompt {rows[i]['prompt']!r:.60}): "
                     f"{failures[i]}. The row is sampled but gets no reward, so it does not train."
                 )
-        self._environment_names = names
-        return environments, failures
+        return names, environments, failures
 
-    def _schemas(self, inputs: list[dict[str, Any]], environments: list[Any] | None) -> list[list] | None:
-        """The tools each row's prompt renders (None without tools)."""
+    def _schemas(self, rows: int, names: list[Any] | None) -> list[list] | None:
+        """The tools each row's prompt renders (None without tools): its environment's, or the standalone tools."""
         if self.tools is None:
             return None
-        if self.tools.factories is not None:
-            return [self.tools.schemas[name] for name in self._environment_names]
-        return [self.tools.standalone] * len(inputs)
+        if names is not None:
+            return [self.tools.schemas[name] for name in names]
+        return [self.tools.standalone] * rows
 
     def _call_tools(
         self,

@@ -177,12 +177,11 @@ class ToolLoop:
             most_rows = agree_max(len(calling))
             if most_rows == 0:
                 break  # every result was rolled back, on every process
-            merged = [(images[i] or []) + turns.tool_images[i] for i in calling]
             has_tool_images = any(turns.tool_images)
             if not calling:  # other processes continue: take part with a filler row, its turn dropped
                 generate([prompt_ids[0] + turns.completion_ids[0]], [images[0]], has_tool_images, most_rows)
             else:
-                merged = [m or None for m in merged]
+                merged = [((images[i] or []) + turns.tool_images[i]) or None for i in calling]
                 next_ids, next_logps = generate(histories, merged, has_tool_images, most_rows)
                 calling = self._extend(prompt_ids, calling, histories, next_ids, next_logps, turns, tools)
             iteration += 1
