@@ -290,9 +290,13 @@ def test_async_rollouts_train_on_batches_the_server_sampled_ahead(server_runs):
     assert counts["trained"] == 4 * 4 and counts["dropped"] == 0, counts  # 4 steps of 4 rows
     steps = [log for log in result["log_history"] if "loss" in log]
     assert len(steps) == 4 and all(math.isfinite(log["loss"]) for log in steps)
-    assert [log["async/staleness_max"] for log in steps] == [0.0, 1.0, 1.0, 1.0], steps
+    # the first batch is sampled before any step; a later one is sampled while the step before it trains (one step
+    # old), or with the newest weights when the thread starts it only after that step's sync (a race the design
+    # allows: fresher, never staler)
+    staleness = [log["async/staleness_max"] for log in steps]
+    assert staleness[0] == 0.0 and all(s in (0.0, 1.0) for s in staleness) and 1.0 in staleness, steps
     assert all(log["async/rows_dropped_stale"] == 0 for log in steps)
-    # the first batch was sampled with the trainer's own weights; the later ones one step earlier, which the
+    # the first batch was sampled with the trainer's own weights; a later one mostly one step earlier, which the
     # importance-sampling ratio (TRL's correction) weights
     assert steps[0]["sampling/sampling_logp_difference/max"] < STEP_TOLERANCE
     ratios = [log["sampling/importance_sampling_ratio/mean"] for log in steps]
