@@ -5,7 +5,8 @@
 (`--smoke` checks the script with a tiny model and 2 steps.) One randomly initialised Qwen2-VL (the `small` scale of
 `bench_grpo.py`: its recipe shape, LoRA on the language model, gradient checkpointing, beta 0.04, one 448x448 image,
 G=8, 128-token completions forced with `min_tokens`) is served by `trl vllm-serve` pinned to the last CPU core
-(`taskset`, its engine's threads bound there with `VLLM_CPU_OMP_THREADS_BIND`), and trained by `VLMGRPOTrainer` in
+(`vlm_grpo.rollout.vllm.local_server.LocalServer`: `taskset`, its engine's threads bound there with
+`VLLM_CPU_OMP_THREADS_BIND`), and trained by `VLMGRPOTrainer` in
 `vllm_mode: server` pinned to the other cores, first synchronously, then with `async_rollouts: true`
 (`max_staleness: 1`), each in a fresh process, with the same data, seed and config. A step is timed from
 `on_step_begin` to `on_step_end`; the warm-up steps are left out and the median of the others is printed per run,
@@ -19,22 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def build(work: Path, smoke: bool) -> tuple[Path, Path]:
@@ -51,28 +44,6 @@ def build(work: Path, smoke: bool) -> tuple[Path, Path]:
     return model, work / "data"
 
 
-def start_server(model: Path, port: int, core: int, log: Path) -> subprocess.Popen:
-    """`trl vllm-serve` of `model` on `port`, pinned to CPU `core`; returns once `/health` answers."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core)}
-    trl = Path(sys.executable).parent / "trl"
-    command = ["taskset", "-c", str(core), str(trl), "vllm-serve", "--model", str(model), "--host", "127.0.0.1",
-               "--port", str(port), "--max_model_len", "2048"]  # fmt: skip
-    server = subprocess.Popen(
-        command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
-    )
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"trl vllm-serve exited: {log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                if response.status == 200:
-                    return server
-        except OSError:
-            time.sleep(1)
-    raise RuntimeError("trl vllm-serve did not start")
-
-
 def train(model: Path, data: Path, port: int, asynchronous: bool, opts, out: Path) -> dict:
     """Runs in its own process (`--train`): one run, its step times and async metrics written to `out`."""
     import torch
@@ -83,6 +54,7 @@ def train(model: Path, data: Path, port: int, asynchronous: bool, opts, out: Pat
     from bench_grpo import SHAPES, language_lora, length_reward
 
     from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer
+    from vlm_grpo.rollout.vllm.local_server import free_port
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     shape = SHAPES["recipe"]
@@ -138,28 +110,22 @@ def main() -> None:
         model, data, port, asynchronous, out = opts.train
         train(Path(model), Path(data), int(port), asynchronous == "1", opts, Path(out))
         return
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        raise SystemExit("bench_async.py needs 2 CPU cores: one for the server, the others for the trainer")
-    server_core, trainer_cores = cores[-1], ",".join(str(c) for c in cores[:-1])
+    from vlm_grpo.rollout.vllm.local_server import LocalServer
+
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model, data = build(work, opts.smoke)
-        port = free_port()
-        server = start_server(model, port, server_core, work / "server.log")
-        try:
-            results = {}
+        results = {}
+        with LocalServer(model, work / "server.log") as server:  # the last core; this process on the others
+            server_core, trainer_cores = server.server_core, ",".join(str(c) for c in server.trainer_cores)
             for asynchronous in (False, True):
                 out = work / f"result_{int(asynchronous)}.json"
                 command = ["taskset", "-c", trainer_cores, sys.executable, __file__, "--steps", str(opts.steps),
                            "--warmup", str(opts.warmup), *(["--smoke"] if opts.smoke else []),
-                           "--train", str(model), str(data), str(port), str(int(asynchronous)), str(out)]  # fmt: skip
-                env = {**os.environ, "OMP_NUM_THREADS": str(len(cores) - 1)}
+                           "--train", str(model), str(data), str(server.port), str(int(asynchronous)), str(out)]  # fmt: skip
+                env = {**os.environ, "OMP_NUM_THREADS": str(len(server.trainer_cores))}
                 subprocess.run(command, env=env, check=True)
                 results[asynchronous] = json.loads(out.read_text())
-        finally:
-            os.killpg(server.pid, 9)
-            server.wait()
     print(
         f"server on core {server_core}, trainer on {trainer_cores}; {opts.steps} timed steps after {opts.warmup}"
     )

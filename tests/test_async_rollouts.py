@@ -3,8 +3,8 @@
 A real `AsyncRollouts` thread runs against a stand-in for the server-side sampler that sleeps a random time per batch
 (the stand-in is what a `Rollout` in server mode looks like to the thread: `sample(rows, mode, version)`, the engine's
 `vllm.version`, a `vllm.sync`), while a loop plays the trainer with random training times: it sends the weights,
-takes each batch and trains on it. Nothing is lost or trained twice: the counts of rows sampled, trained, dropped as
-stale and left unused always add up, every batch the trainer takes is the one it asked for, and no batch trains more
+takes each batch and trains on it. Nothing is lost or trained twice: the counts of rows sampled, trained, set aside by
+dynamic sampling, dropped as stale and left unused always add up, every batch the trainer takes is the one it asked for, and no batch trains more
 than `max_staleness` steps after the weights it was sampled with. The real run, on a vLLM server, is
 `tests/test_vllm_server.py::test_async_rollouts_train_on_batches_the_server_sampled_ahead`.
 """
@@ -38,8 +38,9 @@ class Engine:
 class DelayedRollout:
     """Samples a batch in a random time; records every sampling (rows, the version it used)."""
 
-    def __init__(self, seed: int, fail_at: int | None = None):
-        self.vllm, self.random, self.fail_at = Engine(), random.Random(seed), fail_at
+    def __init__(self, seed: int, fail_at: int | None = None, set_aside: bool = False):
+        self.vllm, self.random = Engine(), random.Random(seed)
+        self.fail_at, self.set_aside = fail_at, set_aside
         self.sampled: list[tuple[list[str], int]] = []
         self.busy = threading.Lock()  # two samplings at once would be a bug
 
@@ -54,7 +55,11 @@ class DelayedRollout:
             time.sleep(self.random.uniform(0.0, 0.01))
             assert version == self.vllm.version and not clear_features
             self.sampled.append(([prompt_key(r) for r in rows], version))
-            return SimpleNamespace(rows=rows, version=version)
+            # dynamic sampling's refill rounds: rows of groups without signal, set aside
+            aside = [{"prompt": "refill"}] * self.random.choice([0, 2, 4]) if self.set_aside else None
+            dropped = None if aside is None else (SimpleNamespace(inputs=aside), None)
+            sampled = SimpleNamespace(inputs=rows)
+            return SimpleNamespace(rows=rows, version=version, sampled=sampled, dropped=dropped)
         finally:
             self.busy.release()
 
@@ -78,16 +83,19 @@ def train(rollouts: AsyncRollouts, batches: list[list[dict]], sync_every: int, s
 
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("max_staleness", [1, 2])
-def test_every_row_is_trained_once_within_max_staleness(seed, max_staleness):
-    """Weights sent before every batch: nothing is dropped, and each batch is at most `max_staleness` steps old."""
+@pytest.mark.parametrize("set_aside", [False, True], ids=["plain", "dynamic-sampling"])
+def test_every_row_is_trained_once_within_max_staleness(seed, max_staleness, set_aside):
+    """Weights sent before every batch: nothing is dropped, and each batch is at most `max_staleness` steps old; the
+    rows dynamic sampling's rounds set aside are counted as such, beside those trained."""
     batches = data(12)
-    rollout = DelayedRollout(seed)
+    rollout = DelayedRollout(seed, set_aside=set_aside)
     rollouts = AsyncRollouts(rollout, iter(batches + data(3, rows=2)), max_staleness)
     taken = train(rollouts, batches, sync_every=1, seed=seed)
     rollouts.close()
     counts = rollouts.counts
     assert counts.trained == 12 * 4 and counts.dropped == 0
-    assert counts.sampled == counts.trained + counts.dropped + counts.unused
+    assert counts.sampled == counts.trained + counts.filtered + counts.dropped + counts.unused
+    assert (counts.filtered > 0) == set_aside, counts
     assert all(0 <= step - version <= max_staleness for step, version in taken), taken
     assert max(step - version for step, version in taken) >= 1  # it did sample ahead
     assert rollouts._thread is None and not any(t.name == "async-rollouts" for t in threading.enumerate())
@@ -98,14 +106,15 @@ def test_a_batch_older_than_max_staleness_is_dropped_and_sampled_again(seed):
     """Weights sent every 3 steps with `max_staleness: 1`: a batch sampled more than one step before the trainer's
     step is dropped, counted, and sampled again once the server has the current weights."""
     batches = data(9)
-    rollout = DelayedRollout(seed)
+    rollout = DelayedRollout(seed, set_aside=True)
     rollouts = AsyncRollouts(rollout, iter(batches), max_staleness=1)
     taken = train(rollouts, batches, sync_every=3, seed=seed)
     rollouts.close()
     counts = rollouts.counts
     assert all(step - version <= 1 for step, version in taken), taken  # what trained was never too stale
-    assert counts.dropped > 0 and counts.dropped % 4 == 0
-    assert counts.sampled == counts.trained + counts.dropped + counts.unused and counts.trained == 9 * 4
+    assert counts.dropped >= 4 and counts.dropped % 2 == 0  # a stale batch's rows, those set aside included
+    total = counts.trained + counts.filtered + counts.dropped + counts.unused
+    assert counts.sampled == total and counts.trained == 9 * 4
     rows = {tuple(keys) for keys, _ in rollout.sampled}
     assert len(rows) == 9  # every batch was sampled, the dropped ones twice
     metrics = rollouts.metrics()
@@ -170,10 +179,8 @@ def test_generation_batches_are_the_loaders_distinct_batches_epoch_after_epoch()
         ({"use_vllm": True, "vllm_mode": "colocate"}, "one engine shares the trainer's devices"),
         ({"use_vllm": True, "vllm_mode": "server", "vllm_importance_sampling_correction": False},
          "set vllm_importance_sampling_correction: true"),
-        ({"use_vllm": True, "vllm_mode": "server", "dynamic_sampling": True, "per_device_train_batch_size": 8,
-          "num_generations": 8}, "async_rollouts with dynamic_sampling is not supported yet"),
-    ],
-    ids=["no-vllm", "colocate", "no-correction", "dynamic-sampling"],
+        ],
+    ids=["no-vllm", "colocate", "no-correction"],
 )  # fmt: skip
 def test_async_rollouts_are_refused_where_they_cannot_run(options, message, tmp_path):
     with pytest.raises(VLMGRPOError, match=message.replace("(", r"\(")):

@@ -4,6 +4,7 @@ demo that a preemption signal stops says where its checkpoint is and evaluates n
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -14,11 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from vlm_grpo.cli.demo import TASKS, main, summary, task_function
 from vlm_grpo.demos import brand, colour, grounding, motion, segments, zoom
+from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.rewards import build_rewards
 from vlm_grpo.runtime.preemption import EXIT_PREEMPTED
 from vlm_grpo.trainer.checkpoints import is_complete
@@ -173,6 +176,25 @@ def test_demo_command_picks_the_task(tmp_path, capsys, monkeypatch):
         "brand", {"start": {"accuracy": 0.0}, "warm": {"accuracy": 0.1}, "after": {"accuracy": 0.9}}, 12.3
     )
     assert line == "brand: held-out accuracy start 0.000, warm start 0.100, after GRPO 0.900; 12 s end to end"
+
+
+def test_async_rollouts_without_a_core_or_vllm_for_the_server_is_refused_before_anything_is_built(tmp_path):
+    """`--async_rollouts` serves the model on a core of its own: on one core, or without vLLM installed, the demo stops
+    in one line (exit 1) before it writes data or builds a model."""
+    out = tmp_path / "demo"
+    command = ["taskset", "-c", "0", sys.executable, "-m", "vlm_grpo", "demo", "--async_rollouts", "--output_dir",
+               str(out)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[-1].startswith("vlm-grpo demo: error: A local vLLM server takes a CPU core of its own"), (
+        lines
+    )
+    assert "this process may use 1 core; give it 2 or more (taskset)" in lines[-1] and not out.exists()
+    if importlib.util.find_spec("vllm") is None:  # the suites' own environments have no vLLM
+        with pytest.raises(VLMGRPOError, match=r"needs vLLM and TRL's `trl vllm-serve` in this environment"):
+            main(["--async_rollouts", "--output_dir", str(out)])
+        assert not out.exists()
 
 
 def test_a_shortened_demo_says_which_run_the_documented_figure_is_for():

@@ -22,6 +22,7 @@ Run them alone with `pytest -m distributed tests/test_distributed.py`; `-m "not 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from dist_helpers import (
 )
 
 from vlm_grpo.testing import DEFAULT_FAMILY
+from vlm_grpo.testing.judge_server import judge_server, length_score
 
 pytestmark = pytest.mark.distributed
 
@@ -297,3 +299,35 @@ def test_zero3_ranks_with_different_media(
     }
     assert held == media, f"(images, videos) per row on each rank: {held}\n" + run.tail()
     check_run(run, out, probe, model, zero_stage=3)
+
+
+# ------------------------------------------------------------------------------------ 5. a model as the judge
+def test_zero3_judge_scores_each_ranks_rows(tiny_model, tmp_path, deepspeed_cpu_ops):
+    """A `judge` reward (an OpenAI-compatible endpoint, here the stand-in judge in this process) under ZeRO-3 on 2
+    processes whose rows differ (text-only on rank 0, images on rank 1): each rank sends its own rows, the run trains,
+    and the sample log holds every rank's rows with the judge's reward and reply next to each completion."""
+    model = tiny_model(DEFAULT_FAMILY)
+    judge = {"name": "judge", "url": None, "model": "judge", "template": "{completion}"}
+    with judge_server() as server:
+        judge["url"] = server.url
+        run, out, probe = train(
+            tmp_path, model, accelerate_cmd, layout=["text", "image"] * 4, log_samples_steps=1,
+            rewards=["dist_helpers.probe_reward", judge],
+        )  # fmt: skip
+        asked = len(server.requests)
+    check_run(run, out, probe, model, zero_stage=3)
+    for step in (1, 2):
+        groups = [
+            json.loads(line) for line in (out / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines()
+        ]
+        assert len(groups) == 2  # one group per rank
+        completions = [c for group in groups for c in group["completions"]]
+        rewards, replies = (
+            [r for g in groups for r in g[key][name]]
+            for key, name in (("rewards", "judge"), ("logged", "judge_reply"))
+        )
+        assert rewards == pytest.approx(
+            [int(length_score(c)) / 10 for c in completions]
+        )  # float32 in the log
+        assert replies == [length_score(c) for c in completions]
+    assert 0 < asked <= 8  # 2 steps x 2 ranks x 2 completions, identical ones asked once

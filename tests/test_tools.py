@@ -565,7 +565,8 @@ def test_dynamic_sampling_and_the_samples_log_with_tools(tools_model, tmp_path):
     # `tools/*` describe the rows trained on (the completions table holds them), not every round's rows
     trained = list(trainer._logs["completion"])
     calls = sum(sum(m["role"] == "tool" for m in c) for c in trained) / len(trained)
-    assert trainer._metrics["train"]["tools/call_frequency"] == [pytest.approx(calls)]  # one value, the batch's
+    # one value, the batch's
+    assert trainer._metrics["train"]["tools/call_frequency"] == [pytest.approx(calls)]
     tool_rows = (batch["tool_mask"] == 0).any(1)
     for i, row in enumerate(batch["image_inputs"]):  # a row with a tool result holds the tool's image too
         assert (row["image_grid_thw"].size(0) == 2) == bool(tool_rows[i])

@@ -279,17 +279,21 @@ def test_a_server_that_dies_stops_the_run_in_one_line(server_runs):
 
 
 def test_async_rollouts_train_on_batches_the_server_sampled_ahead(server_runs):
-    """`async_rollouts` with a LoRA adapter, 4 steps: every row sampled was trained or sampled ahead of a step the run
-    did not reach (none dropped: the weights went to the server before each batch was taken), each batch at most
-    `max_staleness` (1) step older than the trainer's weights, the server's sampling log-probs corrected by TRL's
-    importance sampling, and the server scoring as the adapted model after the last sync, not the base one (a LoRA
-    update changes what the server samples)."""
+    """`async_rollouts` with dynamic sampling and a LoRA adapter, 4 steps: every row sampled was trained, set aside by
+    dynamic sampling, or sampled ahead of a step the run did not reach (none dropped: the weights went to the server
+    before each batch was taken), each batch at most `max_staleness` (1) step older than the trainer's weights, the
+    server's sampling log-probs corrected by TRL's importance sampling, and the server scoring as the adapted model
+    after the last sync, not the base one (a LoRA update changes what the server samples)."""
     result = server_runs[3]
     counts = result["counts"]
-    assert counts["sampled"] == counts["trained"] + counts["dropped"] + counts["unused"], counts
+    total = counts["trained"] + counts["filtered"] + counts["dropped"] + counts["unused"]
+    assert counts["sampled"] == total, counts
     assert counts["trained"] == 4 * 4 and counts["dropped"] == 0, counts  # 4 steps of 4 rows
     steps = [log for log in result["log_history"] if "loss" in log]
     assert len(steps) == 4 and all(math.isfinite(log["loss"]) for log in steps)
+    # dynamic sampling's rounds ran on the thread: the groups they set aside are the rows counted as filtered
+    dropped_groups = sum(log["dynamic_sampling/groups_dropped"] for log in steps)
+    assert counts["filtered"] == 2 * dropped_groups, (counts, steps)  # groups of 2
     # the first batch is sampled before any step; a later one is sampled while the step before it trains (one step
     # old), or with the newest weights when the thread starts it only after that step's sync (a race the design
     # allows: fresher, never staler)

@@ -4,7 +4,7 @@ MODE is empty, `video` (a batch with video prompts, see `video_main`), `lora` (t
 `torchrun`, each process with its own engine, on the model the test built in `OUT/model`; each process writes
 `OUT/result{RANK}.json`), `server PORT` (TRL's server mode, generating through the `trl vllm-serve` the test started on
 127.0.0.1:PORT with the model in `OUT/model`; see `server_checks`) or `server-async PORT` (the same with
-`async_rollouts` and a LoRA adapter, 4 steps; `result.json` also holds the run's row `counts`).
+`async_rollouts`, dynamic sampling and a LoRA adapter, 4 steps; `result.json` also holds the run's row `counts`).
 
 One process builds one vLLM engine (TRL's colocate mode, inside the trainer's process) and runs every check on it;
 a fresh process per family keeps the engines and their process groups apart. Writes `OUT/result.json`:
@@ -253,6 +253,7 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
         vllm_max_model_length=512,
         vllm_gpu_memory_utilization=0.2,
         async_rollouts=asynchronous,
+        dynamic_sampling=asynchronous,  # its refill rounds sampled on the thread, with the batch's weights
         **(
             {"vllm_server_base_url": f"http://127.0.0.1:{port}", "vllm_group_port": free_port()}
             if server

@@ -276,11 +276,6 @@ class VLMGRPOConfig(GRPOConfig):
                 "colocate mode or transformers' generate, one engine shares the trainer's devices, so set "
                 "async_rollouts: false."
             )
-        if self.dynamic_sampling:
-            raise VLMGRPOError(
-                "async_rollouts with dynamic_sampling is not supported yet (its refill rounds need the batch's "
-                "rewards before it trains); set one of them to false."
-            )
         if not self.vllm_importance_sampling_correction:
             raise VLMGRPOError(
                 "async_rollouts samples with weights up to max_staleness steps old, which "

@@ -37,7 +37,7 @@ from .cli.options import (
 )
 from .dotted import import_dotted
 from .errors import EXIT_USER_ERROR, VLMGRPOError, one_line, run_cli
-from .rewards import build_rewards
+from .rewards import build_rewards, connect_rewards
 from .trainer.checkpoints import checkpoint_step, resolve_resume
 
 if TYPE_CHECKING:  # torch, TRL and transformers are imported when a command needs them (see `parse_args`)
@@ -323,6 +323,7 @@ def build_trainer(
         if script_args.eval_data_config:
             eval_dataset = load_data_config(script_args.eval_data_config, seed=training_args.seed)
     reward_funcs, weights = build_rewards(script_args.rewards)
+    connect_rewards(reward_funcs)  # a judge that cannot be reached stops the run here, before the model loads
     tools = [import_callable(path, "Tool", "package.module.function") for path in script_args.tools]
     environment_factory = None
     if script_args.environment_factory:

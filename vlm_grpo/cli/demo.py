@@ -86,6 +86,12 @@ def main(argv: list[str] | None = None) -> None:
         help="replace groups whose advantages are all zero (DAPO); default: the task's own (on for colour)",
     )
     parser.add_argument(
+        "--async_rollouts",
+        action="store_true",
+        help="sample the next batches on a local vLLM server (trl vllm-serve on a core of its own) while this one "
+        "trains; needs vLLM",
+    )
+    parser.add_argument(
         "--tool",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -101,6 +107,11 @@ def main(argv: list[str] | None = None) -> None:
         kwargs["max_steps"] = args.max_steps
     if args.dynamic_sampling is not None:
         kwargs["dynamic_sampling"] = args.dynamic_sampling
+    if args.async_rollouts:
+        from ..rollout.vllm.local_server import local_server_setup
+
+        local_server_setup()  # vLLM here, and a core for it, before anything is built
+        kwargs["async_rollouts"] = True
     func = task_function(args.task)
     from ..runtime.preemption import EXIT_PREEMPTED, Preempted
 

@@ -15,6 +15,7 @@ transformers or TRL is imported.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ..errors import VLMGRPOError
-from ..rewards import build_rewards
+from ..rewards import AsyncNamedReward, build_rewards, connect_rewards
 from .options import check_model_path, is_hub_id
 
 if TYPE_CHECKING:  # torch, transformers and TRL are imported once the inputs are checked
@@ -163,6 +164,8 @@ def check_rewards_apply(funcs: Sequence[Any], dataset: Any) -> None:
     row = dataset[0]
     columns = {k: [v] for k, v in row.items() if k not in _NOT_REWARD_COLUMNS}
     for func in funcs:
+        if isinstance(func, AsyncNamedReward):  # not awaited here; a judge is checked by `connect_rewards`
+            continue
         try:
             func(prompts=[row["prompt"]], completions=[[{"role": "assistant", "content": ""}]], **columns)
         except VLMGRPOError as error:
@@ -220,6 +223,7 @@ def evaluate(
     family = get_model_family(model, trust_remote_code=trust_remote_code)
     dataset = load_data_config(data, seed=seed)
     check_rewards_apply(funcs, dataset)
+    connect_rewards(funcs)
     policy = family.load_model(model, **family.model_init_kwargs(trust_remote_code=trust_remote_code))
     if adapter:
         from peft import PeftModel
@@ -237,6 +241,8 @@ def evaluate(
         completions = [[{"role": "assistant", "content": t}] for t in texts]
         for func in funcs:
             values = func(prompts=[r["prompt"] for r in rows], completions=completions, **columns)
+            if isinstance(func, AsyncNamedReward):
+                values = asyncio.run(values)
             scores[func.__name__].extend(float(v) for v in values if v is not None and not math.isnan(v))
 
     means = {name: (sum(v) / len(v) if v else float("nan")) for name, v in scores.items()}

@@ -28,6 +28,7 @@ from ..cli.plot import plot_run
 from ..cli.samples import render_html
 from ..config import VLMGRPOConfig, VLMModelConfig
 from ..data import load_data_config
+from ..rollout.vllm.local_server import served_locally
 from ..runtime.preemption import Preempted, PreemptionCallback, preempted_step
 from ..testing import ROLE_WORDS
 from ..testing.qwen import build_qwen
@@ -170,7 +171,13 @@ def warm_start(
     return seconds
 
 
-def demo_model(out_dir: Path, words: list[str], seed: int, image_size: int = 56) -> str:
+SERVED_HEADS = 2
+"""The demo model's attention heads with `--async_rollouts`: vLLM's CPU attention runs head dims of 32 or more, so the
+64-wide text tower has 2 heads of 32 there instead of 4 of 16 (the same width; 4 heads of 32, 128 wide, learned the
+colour task on one seed in three at the demo's learning rate)."""
+
+
+def demo_model(out_dir: Path, words: list[str], seed: int, image_size: int = 56, heads: int = 4) -> str:
     """The demos' tiny Qwen2-VL: the chat roles and the task's words as vocabulary, embeddings untied.
 
     Untied, as in the Qwen2-VL-7B checkpoint (the builder's default ties them, as the 2B does): with one-token
@@ -181,10 +188,12 @@ def demo_model(out_dir: Path, words: list[str], seed: int, image_size: int = 56)
         words (`list[str]`): the task's words.
         seed (`int`): seed of the random weights.
         image_size (`int`, *optional*, defaults to `56`): image side the processor resizes to.
+        heads (`int`, *optional*, defaults to `4`): the text tower's attention heads (a vLLM server on a CPU needs
+            head dims of 32 or more: `SERVED_HEADS`).
     """
     return build_qwen(
         "qwen2_vl", out_dir, base_words=ROLE_WORDS, words=words, seed=seed, image_size=image_size,
-        tie_word_embeddings=False,
+        tie_word_embeddings=False, num_attention_heads=heads,
     )  # fmt: skip
 
 
@@ -442,7 +451,8 @@ def _run_stages(
     max_steps = task.max_steps if max_steps is None else max_steps
     warm_epochs = task.warm_epochs if warm_epochs is None else warm_epochs
     data = task.write_data(out / "data", seed=seed, **(data_sizes or {}))
-    model_dir = demo_model(out / "model-init", task.vocabulary(), seed, image_size=task.image_size)
+    heads = SERVED_HEADS if overrides.get("async_rollouts") else 4  # a vLLM server's head dims
+    model_dir = demo_model(out / "model-init", task.vocabulary(), seed, task.image_size, heads)
     stage = dict(rewards=task.rewards, max_new_tokens=task.max_new_tokens)
     result: dict[str, Any] = {}
     first = task.first_stage
@@ -469,8 +479,13 @@ def _run_stages(
             start_from, data["eval"], out / "eval_warm.json", label="after warm start", **stage
         )
         _stop_if_signalled(stop, f"stopped after the warm start, saved to {start_from}", str(start_from))
-    args = grpo_config(out / "model", max_steps, seed, **{**task.grpo_settings, **overrides})
-    result["train_seconds"] = train_grpo(start_from, data["train"], task.train_rewards or task.rewards, args)
+    with served_locally(start_from, out / "vllm-server.log", {**task.grpo_settings, **overrides}) as settings:
+        args = grpo_config(
+            out / "model", max_steps, seed, **settings
+        )  # `--async_rollouts`: a local vLLM server
+        result["train_seconds"] = train_grpo(
+            start_from, data["train"], task.train_rewards or task.rewards, args
+        )
     trained = f"stopped after GRPO, whose model is saved to {out / 'model'}"
     _stop_if_signalled(stop, f"{trained}; the held-out evaluation after GRPO was not run", str(out / "model"))
     result["after"] = evaluate_stage(

@@ -14,6 +14,7 @@ from .accuracy import accuracy
 from .choice import choice_accuracy
 from .formatting import format_reward
 from .grounding import iou, rec_format
+from .judge import JudgeReward
 from .mathematics import geo3k, math_accuracy
 
 RewardFunc = Callable[..., list[float | None]]
@@ -28,6 +29,13 @@ REWARDS: dict[str, RewardFunc] = {
     "accuracy": accuracy,
 }
 """Built-in rewards by name. Each is called as TRL calls rewards: `fn(completions, solution, **kwargs)`."""
+
+REWARD_BUILDERS: dict[str, Callable[..., Any]] = {
+    "judge": JudgeReward,
+}
+"""Built-in rewards that hold state for a run (a client, a cache): `builder(**options)` is built once per spec and
+awaited as TRL awaits async rewards, with `reward_name=` the name it is logged under (see `BuiltReward`). Each has
+`connect()`, which `connect_rewards` calls before training."""
 
 TRL_CALL_ARGUMENTS = ("completions", "prompts", "completion_ids", "trainer_state", "log_metric", "log_extra")
 """Keywords TRL passes to every reward call; never options of a reward spec."""
@@ -69,6 +77,31 @@ class AsyncNamedReward(NamedReward):
         return await self.func(*args, **{**kwargs, **self.options})
 
 
+class BuiltReward(AsyncNamedReward):
+    """`AsyncNamedReward` for a reward of `REWARD_BUILDERS`: the object built from the spec's options, called with
+    the name it is logged under (`reward_name=`), so that its metrics and columns follow a renamed spec (`judge_2`)."""
+
+    def __init__(self, func: Callable[..., Any], name: str) -> None:
+        super().__init__(func, name)
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.func(*args, **kwargs, reward_name=self.__name__)
+
+
+def connect_rewards(funcs: Iterable[NamedReward]) -> None:
+    """Reach what the rewards need outside the process (a judge's endpoint or model) once, before training.
+
+    Args:
+        funcs (`Iterable[NamedReward]`): the rewards `build_rewards` built.
+
+    Raises:
+        VLMGRPOError: one line naming the judge that cannot be reached or loaded.
+    """
+    for func in funcs:
+        if isinstance(func, BuiltReward):
+            func.func.connect()
+
+
 def _is_async(func: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
 
@@ -92,15 +125,15 @@ def get_reward(name: str, **kwargs: Any) -> NamedReward:
 
     Args:
         name (`str`): a key of `REWARDS` (`format`, `rec_format`, `iou`, `choice_accuracy`,
-            `math_accuracy`, `geo3k`, `accuracy`), or a dotted path `package.module.function` to a
-            user reward, imported with `importlib`.
+            `math_accuracy`, `geo3k`, `accuracy`) or of `REWARD_BUILDERS` (`judge`), or a dotted path
+            `package.module.function` to a user reward, imported with `importlib`.
         **kwargs (`Any`): options bound to every call, e.g. `coords="norm1000"` for `iou`. Each must be a
             keyword the function names in its signature; a user function that takes `**kwargs` accepts any.
 
     Returns:
         `NamedReward`: a callable `fn(completions, solution, **kwargs)` whose `__name__` is `name` for a
         built-in and the function's own `__name__` for a dotted path. An `async` user function gives an
-        `AsyncNamedReward`.
+        `AsyncNamedReward`, a `REWARD_BUILDERS` one a `BuiltReward`.
 
     Raises:
         VLMGRPOError: an unknown name without a dot (the message lists the built-in names), a dotted path
@@ -119,10 +152,13 @@ def _make_reward(name: Any, options: Mapping[str, Any], spec_keys: tuple[str, ..
     if name in REWARDS:
         _check_options(name, REWARDS[name], options, spec_keys, any_keyword=False)
         return NamedReward(REWARDS[name], name, options)
+    if name in REWARD_BUILDERS:
+        _check_options(name, REWARD_BUILDERS[name], options, spec_keys, any_keyword=False)
+        return BuiltReward(REWARD_BUILDERS[name](**options), name)
     if "." not in name:
         raise VLMGRPOError(
-            f"Unknown reward {name!r}{did_you_mean(name, REWARDS)}. Built-in rewards: {_builtins()}; "
-            "or give a dotted path 'package.module.function' to your own reward."
+            f"Unknown reward {name!r}{did_you_mean(name, [*REWARDS, *REWARD_BUILDERS])}. Built-in rewards: "
+            f"{_builtins()}; or give a dotted path 'package.module.function' to your own reward."
         )
     func, func_name = _import_reward(name)
     _check_options(name, func, options, spec_keys, any_keyword=True)
@@ -169,7 +205,7 @@ def _check_options(
 
 
 def _builtins() -> str:
-    return ", ".join(REWARDS)
+    return ", ".join([*REWARDS, *REWARD_BUILDERS])
 
 
 def build_rewards(specs: Iterable[str | Mapping[str, Any]] | None) -> tuple[list[NamedReward], list[float]]:

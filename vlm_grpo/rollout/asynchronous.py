@@ -18,8 +18,12 @@ Correction. The PPO ratio's old policy is the trainer's weights when the batch t
 runs); TRL's `vllm_importance_sampling_correction` weights each completion by the ratio of those to the server's
 sampling log-probs, with its modes and cap, which is what corrects the off-policy samples.
 
-Accounting: every row sampled is trained or dropped as stale (`counts`), batches the run never reached (sampled
-ahead when it stops) included, as `unused`.
+Dynamic sampling runs in the thread with the rest of the rollout: a batch's refill rounds sample fresh prompts (from
+the same `PromptStream`) with the batch's version, and score them with the trainer's rewards (which never run while
+the trainer's own step reads what they log).
+
+Accounting: every row sampled is trained, set aside by dynamic sampling (a group without signal, `filtered`), or
+dropped as stale (`counts`), batches the run never reached (sampled ahead when it stops) included, as `unused`.
 """
 
 from __future__ import annotations
@@ -57,17 +61,21 @@ class Ahead:
 
 @dataclass
 class Counts:
-    """Rows of an asynchronous run, so far: `sampled == trained + dropped + unused + queued` holds at every take.
+    """Rows of an asynchronous run, so far: `sampled == trained + filtered + dropped + unused + queued` holds at every
+    take.
 
     Attributes:
-        sampled (`int`): rows the server sampled (stale ones sampled again count twice).
+        sampled (`int`): rows the server sampled, dynamic sampling's refill rounds included (stale ones sampled again
+            count twice).
         trained (`int`): rows handed to the trainer.
+        filtered (`int`): rows dynamic sampling set aside (groups without signal that the batch did not train on).
         dropped (`int`): rows too stale to train, sampled again.
         unused (`int`): rows sampled ahead of a batch the run did not reach.
     """
 
     sampled: int = 0
     trained: int = 0
+    filtered: int = 0
     dropped: int = 0
     unused: int = 0
 
@@ -128,13 +136,15 @@ class AsyncRollouts:
             )
         batch, staleness = ahead.batch, version - ahead.version
         if staleness > self.max_staleness:  # weights sent less often than batches trained: sample it again
-            self.counts.dropped += len(inputs)
+            self.counts.dropped += sum(rows_of(batch))
             with self.lock:  # once the server has the current weights
                 self.rollout.vllm.sync(version, self.rollout.profile)
                 batch = self.rollout.sample(inputs, "train", version, clear_features=False)
-            self.counts.sampled += len(inputs)
+            self.counts.sampled += sum(rows_of(batch))
             staleness = 0
-        self.counts.trained += len(inputs)
+        trained, set_aside = rows_of(batch)
+        self.counts.trained += trained
+        self.counts.filtered += set_aside
         self.waits.staleness.append(staleness)
         return batch
 
@@ -166,7 +176,7 @@ class AsyncRollouts:
         while not self._ready.empty():
             ahead = self._ready.get()
             if ahead is not None and ahead.batch is not None:
-                self.counts.unused += len(ahead.keys)
+                self.counts.unused += sum(rows_of(ahead.batch))
         self._thread = None
 
     # ------------------------------------------------------------------------------------------ thread side
@@ -201,8 +211,13 @@ class AsyncRollouts:
         with self.lock:
             version = self.rollout.vllm.version
             batch = self.rollout.sample(rows, "train", version, clear_features=False)
-        self.counts.sampled += len(rows)
+        self.counts.sampled += sum(rows_of(batch))
         return Ahead([prompt_key(x) for x in rows], batch, version)
+
+
+def rows_of(batch: RolloutBatch) -> tuple[int, int]:
+    """The rows a sampled batch trains on, and those dynamic sampling set aside (none without it)."""
+    return len(batch.sampled.inputs), 0 if batch.dropped is None else len(batch.dropped[0].inputs)
 
 
 def generation_batches(loader: Any, every: int) -> Iterator[list[dict[str, Any]]]:

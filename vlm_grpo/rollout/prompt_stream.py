@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ class PromptStream:
         self.size, self.seed = size, seed
         self.taken = 0  # indices handed out (or passed over) so far, over every pass
         self._order: tuple[int, list[int]] | None = None  # (pass, its permutation), computed once per pass
+        self._lock = threading.Lock()  # asynchronous rollouts draw on their thread while a checkpoint saves
 
     def take(self, count: int, skip: Callable[[int], bool] | None = None) -> list[int]:
         """The next `count` indices of the stream, passing over those `skip` marks.
@@ -45,12 +47,15 @@ class PromptStream:
         """
         out: list[int] = []
         passed: list[int] = []
-        while len(out) < count:
-            if len(passed) >= self.size:  # every index seen once more: take passed-over ones rather than loop
-                out += passed[: count - len(out)]
-                break
-            index = self._next()
-            (passed if skip is not None and skip(index) else out).append(index)
+        with self._lock:
+            while len(out) < count:
+                if (
+                    len(passed) >= self.size
+                ):  # every index seen once more: take passed-over ones rather than loop
+                    out += passed[: count - len(out)]
+                    break
+                index = self._next()
+                (passed if skip is not None and skip(index) else out).append(index)
         return out
 
     def _next(self) -> int:
@@ -64,7 +69,8 @@ class PromptStream:
 
     def save(self, folder: str | Path) -> None:
         """Write the position to `folder/prompt_stream.json`."""
-        (Path(folder) / STATE_FILE).write_text(json.dumps({"taken": self.taken, "seed": self.seed}))
+        with self._lock:
+            (Path(folder) / STATE_FILE).write_text(json.dumps({"taken": self.taken, "seed": self.seed}))
 
     def load(self, folder: str | Path) -> None:
         """Restore the position saved in `folder` (a checkpoint written without dynamic sampling has none)."""

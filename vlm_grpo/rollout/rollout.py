@@ -189,8 +189,8 @@ class Rollout:
             version (`int`): the policy's version (optimizer steps taken): the vLLM engine gets its weights when it
                 holds another.
             clear_features (`bool`, *optional*, defaults to `True`): a training batch starts frozen vision's feature
-                cache afresh; asynchronous rollouts leave it to the trainer, whose passes of the batch before still
-                read it.
+                cache afresh (and dynamic sampling keeps the chosen rows' features only); asynchronous rollouts leave
+                the cache to the trainer, whose passes of the batch before still read it.
         """
         self.version = version
         timer = PhaseTimer()
@@ -201,7 +201,7 @@ class Rollout:
         sampled = self._sample_rows(inputs, mode, timer)
         batch = RolloutBatch(sampled, [])
         if mode == "train" and self.dynamic is not None:
-            batch = self._refill(sampled, timer)
+            batch = self._refill(sampled, timer, clear_features)
         if self.tools is not None:
             batch.metrics.update(self._tool_metrics(batch.sampled))
         batch.image_inputs = self._image_inputs(batch.sampled)
@@ -405,7 +405,7 @@ class Rollout:
         return tool_metrics(*counts.tolist())
 
     # ------------------------------------------------------------------------------------------ dynamic sampling
-    def _refill(self, sampled: Sampled, timer: PhaseTimer) -> RolloutBatch:
+    def _refill(self, sampled: Sampled, timer: PhaseTimer, owns_features: bool) -> RolloutBatch:
         """Replace the groups whose advantages are all zero by groups of fresh prompts (see `dynamic_sampling`).
 
         The rows trained on come with their rewards; what the reward functions logged (`log_extra`, `log_metric`)
@@ -436,7 +436,7 @@ class Rollout:
             logger.info(collected.note)
         metrics = dynamic_metrics(collected, lambda v: self.agree(float(v), torch.sum))
         chosen, local_rewards, dropped = kept_and_dropped(collected, runs, num_generations)
-        if self.image_features is not None:  # features of the dropped groups' images are not kept
+        if self.image_features is not None and owns_features:  # the dropped groups' image features go
             self.image_features.keep([e.image_inputs for e in chosen.encoded])
         rewards = self.accelerator.gather(local_rewards)  # [N, F], processes in order as TRL
         return RolloutBatch(chosen, [], rewards, chosen_logs(runs), dropped, metrics)

@@ -105,6 +105,7 @@ def sample_records(
     advantages: Sequence[float],
     num_generations: int,
     tool_images: Sequence[list[str]] | None = None,
+    logged: dict[str, Sequence[Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """One record per prompt group (G consecutive rows), in the layout `vlm_grpo.runtime.sample_log.write_samples` writes.
 
@@ -117,6 +118,8 @@ def sample_records(
         num_generations (`int`): G.
         tool_images (`Sequence[list[str]]`, *optional*, defaults to `None`): the paths of the images each completion's
             tools returned, aligned with `examples`; a record gets `tool_images` (one list per completion) when given.
+        logged (`dict[str, Sequence]`, *optional*, defaults to `None`): the rewards' `log_extra` columns, aligned with
+            `examples`; a record gets `logged` (per column, one value per completion) when any is given.
     """
     records = []
     for start in range(0, len(examples), num_generations):
@@ -136,6 +139,8 @@ def sample_records(
                 "advantages": list(advantages[rows]),
             }
         )
+        if logged:
+            records[-1]["logged"] = {name: list(values[rows]) for name, values in logged.items()}
         if example.get("videos"):
             records[-1]["videos"] = [stored_video(video) for video in example["videos"]]
         if tool_images is not None:

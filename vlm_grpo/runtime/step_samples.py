@@ -97,6 +97,7 @@ def write_step_samples(
     num_generations: int,
     is_main_process: bool,
     dropped: tuple[SampledRows, torch.Tensor] | None = None,
+    logged: dict[str, list] | None = None,
 ) -> None:
     """Write one rollout's groups to `output_dir/samples/` (main process); every process must call it.
 
@@ -114,6 +115,8 @@ def write_step_samples(
         is_main_process (`bool`): whether this process writes.
         dropped (`tuple[SampledRows, torch.Tensor]`, *optional*, defaults to `None`): with dynamic sampling, this
             process's dropped rows and their rewards `[m, F]`, written too and marked `"dropped": true`.
+        logged (`dict[str, list]`, *optional*, defaults to `None`): the rewards' `log_extra` columns, one value per row
+            of every process (a judge's replies), written with the rows trained on as `logged`.
     """
 
     def by_name(values: torch.Tensor) -> dict[str, list[float]]:
@@ -142,7 +145,14 @@ def write_step_samples(
     if not is_main_process:
         return
     records = sample_records(
-        step, rows, all_texts, by_name(rewards_per_func), advantages.tolist(), num_generations, tool_images
+        step,
+        rows,
+        all_texts,
+        by_name(rewards_per_func),
+        advantages.tolist(),
+        num_generations,
+        tool_images,
+        logged,
     )
     records += [{**record, "dropped": True} for record in extra]
     write_samples(samples_path(output_dir, step), records)

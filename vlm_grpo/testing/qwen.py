@@ -211,7 +211,12 @@ def _mrope_section(head_dim: int, interleaved: bool) -> list[int]:
 
 
 def build_qwen(
-    family: str, out_dir: str | os.PathLike, *, tie_word_embeddings: bool = True, **options: Any
+    family: str,
+    out_dir: str | os.PathLike,
+    *,
+    tie_word_embeddings: bool = True,
+    num_attention_heads: int = NUM_HEADS,
+    **options: Any,
 ) -> str:
     """Build and save a tiny `qwen2_vl`, `qwen2_5_vl` or `qwen3_vl` model with its processor.
 
@@ -223,6 +228,9 @@ def build_qwen(
         out_dir (`str | os.PathLike`): output directory.
         tie_word_embeddings (`bool`, *optional*, defaults to `True`): share the input embeddings with the LM head, as
             the 2B-4B checkpoints do; False as the 7B ones.
+        num_attention_heads (`int`, *optional*, defaults to `4`): the text tower's heads (`hidden_size` divided by
+            them is the head dim; vLLM's CPU attention runs head dims of 32 or more). Key/value heads: 2, or fewer
+            when there are fewer heads.
         **options (`Any`): the fields of `BuildOptions`.
 
     Returns:
@@ -230,7 +238,7 @@ def build_qwen(
     """
     o = BuildOptions(**options)
     hidden_size, num_hidden_layers = o.hidden_size, o.num_hidden_layers
-    head_dim = check_sizes(hidden_size, num_hidden_layers, NUM_HEADS)
+    head_dim = check_sizes(hidden_size, num_hidden_layers, num_attention_heads)
     is_qwen3 = family == "qwen3_vl"
     patch_size, merge_size, temporal_patch_size = (16 if is_qwen3 else 14), 2, 2
     factor = patch_size * merge_size
@@ -287,8 +295,8 @@ def build_qwen(
         "hidden_size": hidden_size,
         "intermediate_size": 2 * hidden_size,
         "num_hidden_layers": num_hidden_layers,
-        "num_attention_heads": NUM_HEADS,
-        "num_key_value_heads": NUM_KV_HEADS,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": min(NUM_KV_HEADS, num_attention_heads),
         "max_position_embeddings": 4096,
         "rope_parameters": {
             "rope_type": "default",

@@ -13,7 +13,7 @@ import torch
 from accelerate.utils import gather, gather_object
 from trl.trainer.utils import nanstd
 
-from ..data.rows import row_images
+from ..data.rows import reward_prompts, row_images
 from ..rollout.batch import is_truncated
 from ..runtime.monitoring import length_stats
 
@@ -92,21 +92,20 @@ def reward_metrics(
     return metrics
 
 
-def log_completions(
-    trainer: Any, mode: str, inputs, prompts, completions, rewards_per_func, advantages
-) -> None:
+def log_completions(trainer: Any, mode: str, sampled: Any, rewards_per_func, advantages) -> dict[str, list]:
     """The completions table (TRL's `_logs`), the rewards' own `log_extra` columns and `log_metric` values, as TRL's
-    `_generate_and_score_completions` records them; every process calls it.
+    `_generate_and_score_completions` records them; every process calls it. Returns the `log_extra` columns of every
+    process's rows (for the sample log).
 
     Args:
         trainer (`VLMGRPOTrainer`): whose `_logs`, `_metrics` and pending reward logs are written.
         mode (`str`): "train" or "eval".
-        inputs (`list[dict]`): this process's dataset rows.
-        prompts (`list`): their prompts as the rewards received them.
-        completions (`list[list[dict]]`): their completions.
+        sampled (`Sampled`): this process's rows (dataset rows and completions; their prompts as the rewards received
+            them).
         rewards_per_func (`torch.Tensor`): `[N, F]` rewards of every process's rows.
         advantages (`torch.Tensor`): `[N]` advantages of every process's rows.
     """
+    inputs, completions, prompts = sampled.inputs, sampled.completions, reward_prompts(sampled.inputs)
     logs, pending_extra, pending_metrics = (
         trainer._logs,
         trainer._pending_extra_logs,
@@ -118,9 +117,10 @@ def log_completions(
         logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
     logs["advantages"].extend(advantages.tolist())
     # Sorted keys: every process must gather the same names in the same order.
+    columns: dict[str, list] = {}
     for column in sorted(set(gather_object(list(pending_extra)))):
-        values = pending_extra.get(column, [None] * len(prompts))
-        logs["extra"][column].extend(gather_object(values))
+        columns[column] = gather_object(pending_extra.get(column, [None] * len(prompts)))
+        logs["extra"][column].extend(columns[column])
     pending_extra.clear()
     for name in sorted(set(gather_object(list(pending_metrics)))):
         values = pending_metrics.get(name, [])
@@ -132,3 +132,4 @@ def log_completions(
     pending_metrics.clear()
     if trainer.log_multimodal and ("images" in inputs[0] or "image" in inputs[0]):  # alike on every process
         logs["images"].extend(gather_object([row_images(x) or None for x in inputs]))
+    return columns

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -119,8 +120,9 @@ class VLMGRPOTrainer(GRPOTrainer):
         reference = copy.deepcopy(model).eval() if builds_reference and model_path is None else None
         peft_config = setup.freeze_vision_and_aim_lora(model, family, args, peft_config)
         placeholders = family.placeholder_token_ids(processing_class, model.config)
-        # filled by the guarded rewards, see `_calculate_rewards`
+        # filled by the guarded rewards, see `_calculate_rewards`; asynchronous rollouts score on their thread
         self._reward_failures: list[RewardError] = []
+        self._rewards_lock = threading.RLock()
         reward_funcs = setup.reward_functions(reward_funcs, args, self._reward_failures)
         embedding_dtype = model.get_input_embeddings().weight.dtype
         rolls_out = bool(tools or environment_factory or rollout_func)
@@ -270,30 +272,20 @@ class VLMGRPOTrainer(GRPOTrainer):
             )  # fmt: skip
             batch["importance_sampling_ratio"] = ratio  # [B, C], or [B, 1] per sequence
             self._log(mode, metrics)
-        if rolled.rewards is None:
-            with self._timed("reward", mode):
-                rewards_per_func = self._score(sampled, keep_logs=True)[0]  # [N, F]
-        else:  # dynamic sampling scored the rows already
-            rewards_per_func = rolled.rewards
-            self._pending_extra_logs.update(rolled.reward_logs[0])
-            self._pending_metrics.update(rolled.reward_logs[1])
-        with self._timed("adv", mode):
+        with self._rewards_lock:  # what the rewards log is read by `log_completions`
+            rewards_per_func = self._batch_rewards(rolled, mode)  # [N, F]
             num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-            advantages, rewards, is_std_zero = group_advantages(
-                rewards_per_func, self.reward_weights, num_generations, self.scale_rewards,
-                self.multi_objective_aggregation,
-            )  # [N] each  # fmt: skip
-        n = len(sampled.inputs)
-        batch["advantages"] = advantages[self.accelerator.process_index * n :][:n]  # [B], this process's rows
-        self._log(
-            mode, reward_metrics(rewards_per_func, self.reward_weights, self.reward_func_names, is_std_zero)
-        )
-        prompts = reward_prompts(sampled.inputs)
-        log_completions(
-            self, mode, sampled.inputs, prompts, sampled.completions, rewards_per_func, advantages
-        )
+            with self._timed("adv", mode):
+                advantages, rewards, is_std_zero = group_advantages(
+                    rewards_per_func, self.reward_weights, num_generations, self.scale_rewards,
+                    self.multi_objective_aggregation,
+                )  # [N] each  # fmt: skip
+            n, names = len(sampled.inputs), self.reward_func_names
+            batch["advantages"] = advantages[self.accelerator.process_index * n :][:n]  # [B]: its own rows
+            self._log(mode, reward_metrics(rewards_per_func, self.reward_weights, names, is_std_zero))
+            logged = log_completions(self, mode, sampled, rewards_per_func, advantages)  # `log_extra` columns
         if mode == "train":
-            self._write_samples(rolled, rewards_per_func, advantages, num_generations)
+            self._write_samples(rolled, rewards_per_func, advantages, num_generations, logged)
             self._watch_signal(rewards, is_std_zero, rolled.metrics.get("tools/call_frequency"))
         return batch
 
@@ -408,19 +400,30 @@ class VLMGRPOTrainer(GRPOTrainer):
             keep_logs (`bool`, defaults to False): leave the logged values pending for the completions table (the
                 batch's own rows); else they are taken and returned.
         """
-        self.environments = sampled.environments  # TRL hands the rows' environments to the rewards
-        rewards = self._calculate_rewards(
-            sampled.inputs, reward_prompts(sampled.inputs), sampled.completions, sampled.completion_ids
-        )  # [N, F]
-        if sampled.failures is not None:
-            failed = torch.tensor([int(f is not None) for f in sampled.failures], device=rewards.device)
-            rewards[gather(failed).bool()] = torch.nan  # [N, F]
-        if keep_logs:
-            return rewards, {}, {}
-        extra, logged = dict(self._pending_extra_logs), dict(self._pending_metrics)
-        self._pending_extra_logs.clear()
-        self._pending_metrics.clear()
-        return rewards, extra, logged
+        with self._rewards_lock:
+            self.environments = sampled.environments  # TRL hands the rows' environments to the rewards
+            rewards = self._calculate_rewards(
+                sampled.inputs, reward_prompts(sampled.inputs), sampled.completions, sampled.completion_ids
+            )  # [N, F]
+            if sampled.failures is not None:
+                failed = torch.tensor([int(f is not None) for f in sampled.failures], device=rewards.device)
+                rewards[gather(failed).bool()] = torch.nan  # [N, F]
+            if keep_logs:
+                return rewards, {}, {}
+            extra, logged = dict(self._pending_extra_logs), dict(self._pending_metrics)
+            self._pending_extra_logs.clear()
+            self._pending_metrics.clear()
+            return rewards, extra, logged
+
+    def _batch_rewards(self, rolled: Any, mode: str) -> torch.Tensor:
+        """The rewards `[N, F]` of a rolled-out batch: scored now, or by dynamic sampling's rounds already (what they
+        logged is then handed on for the completions table)."""
+        if rolled.rewards is None:
+            with self._timed("reward", mode):
+                return self._score(rolled.sampled, keep_logs=True)[0]  # [N, F]
+        self._pending_extra_logs.update(rolled.reward_logs[0])
+        self._pending_metrics.update(rolled.reward_logs[1])
+        return rolled.rewards
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list) -> torch.Tensor:
         """TRL's rewards `[N, F]`, gathered; a reward that fails on one process stops every process with its message.
@@ -460,17 +463,16 @@ class VLMGRPOTrainer(GRPOTrainer):
         for name, value in metrics.items():
             self._metrics[mode][name].append(value)
 
-    def _write_samples(self, rolled, rewards_per_func, advantages, num_generations) -> None:
+    def _write_samples(self, rolled, rewards_per_func, advantages, num_generations, logged) -> None:
         """At step 1 and every `log_samples_steps` steps, write the step's groups to `output_dir/samples/` (see
-        `runtime.sample_log`); steps count from 1, as on the console."""
-        every, step = (
-            self.args.log_samples_steps,
-            self.state.global_step + 1,
-        )  # the step this rollout trains as
+        `runtime.sample_log`), with what the rewards logged of each row (`log_extra`: a judge's replies); steps count
+        from 1, as on the console."""
+        every, step = self.args.log_samples_steps, self.state.global_step + 1  # the step it trains as
         if every and (step == 1 or step % every == 0):
             write_step_samples(
                 self.args.output_dir, self.state.global_step, self.reward_func_names, rolled.sampled,
                 rewards_per_func, advantages, num_generations, self.accelerator.is_main_process, rolled.dropped,
+                logged,
             )  # fmt: skip
 
     def _watch_signal(self, rewards: torch.Tensor, is_std_zero: torch.Tensor, calls: float | None) -> None:
