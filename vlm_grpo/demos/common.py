@@ -479,13 +479,11 @@ def _run_stages(
             start_from, data["eval"], out / "eval_warm.json", label="after warm start", **stage
         )
         _stop_if_signalled(stop, f"stopped after the warm start, saved to {start_from}", str(start_from))
+    # with `--async_rollouts`, against a local vLLM server for the GRPO stage
     with served_locally(start_from, out / "vllm-server.log", {**task.grpo_settings, **overrides}) as settings:
-        args = grpo_config(
-            out / "model", max_steps, seed, **settings
-        )  # `--async_rollouts`: a local vLLM server
-        result["train_seconds"] = train_grpo(
-            start_from, data["train"], task.train_rewards or task.rewards, args
-        )
+        args = grpo_config(out / "model", max_steps, seed, **settings)
+        rewards = task.train_rewards or task.rewards
+        result["train_seconds"] = train_grpo(start_from, data["train"], rewards, args)
     trained = f"stopped after GRPO, whose model is saved to {out / 'model'}"
     _stop_if_signalled(stop, f"{trained}; the held-out evaluation after GRPO was not run", str(out / "model"))
     result["after"] = evaluate_stage(

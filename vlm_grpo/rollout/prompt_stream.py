@@ -49,9 +49,8 @@ class PromptStream:
         passed: list[int] = []
         with self._lock:
             while len(out) < count:
-                if (
-                    len(passed) >= self.size
-                ):  # every index seen once more: take passed-over ones rather than loop
+                # every index seen once more: take passed-over ones rather than loop
+                if len(passed) >= self.size:
                     out += passed[: count - len(out)]
                     break
                 index = self._next()

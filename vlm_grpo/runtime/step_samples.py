@@ -145,14 +145,7 @@ def write_step_samples(
     if not is_main_process:
         return
     records = sample_records(
-        step,
-        rows,
-        all_texts,
-        by_name(rewards_per_func),
-        advantages.tolist(),
-        num_generations,
-        tool_images,
-        logged,
-    )
+        step, rows, all_texts, by_name(rewards_per_func), advantages.tolist(), num_generations, tool_images, logged,
+    )  # fmt: skip
     records += [{**record, "dropped": True} for record in extra]
     write_samples(samples_path(output_dir, step), records)
