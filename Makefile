@@ -85,9 +85,11 @@ test-floor: install-floor
 # The vllm-marked tests, on vLLM's CPU backend here (and on a GPU where vLLM finds one). The KV cache gets 1 GiB.
 # They run in TEST_WORKERS processes too, each family's vLLM run and the server's in one of them (`--dist loadgroup`,
 # see tests/conftest.py), each worker's engines bound to a core of their own, each engine run on a port of its own.
+# VLLM_CPU_CI_ENV=1 is the switch vLLM's own CPU CI runs with: the engine traces the model with dynamo but runs it
+# eagerly instead of compiling it with inductor, and skips its warm-up (docs/development.md).
 test-vllm: install-vllm
 	$(VLLM_BIN)/python -m pip freeze | $(VERSIONS)
-	VLLM_CPU_KVCACHE_SPACE=1 TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_vllm" $(PARALLEL) \
+	VLLM_CPU_CI_ENV=1 VLLM_CPU_KVCACHE_SPACE=1 TORCH_EXTENSIONS_DIR="$(CURDIR)/.pytest_cache/torch_extensions_vllm" $(PARALLEL) \
 		$(VLLM_BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m vllm tests
 
 quality: install

@@ -313,6 +313,7 @@ class DemoTask:
         image_size (`int`, *optional*, defaults to `56`): image side the model's processor resizes to.
         warm_epochs (`float`, *optional*, defaults to `0`): default warm-start epochs; `0` means no warm start.
         warm_batch_size (`int`, *optional*, defaults to `16`): warm-start records per step.
+        warm_learning_rate (`float`, *optional*, defaults to `3e-3`): the warm start's constant learning rate.
         grpo_settings (`dict[str, Any]`, *optional*, defaults to `{}`): GRPO settings of the task (`grpo_config`
             fills in the rest).
         first_stage (`str`, *optional*, defaults to `"start"`): name of the first held-out report, in the result
@@ -335,6 +336,7 @@ class DemoTask:
     image_size: int = 56
     warm_epochs: float = 0
     warm_batch_size: int = 16
+    warm_learning_rate: float = 3e-3
     grpo_settings: dict[str, Any] = field(default_factory=dict)
     first_stage: str = "start"
     target: float = 0.0
@@ -470,7 +472,7 @@ def _run_stages(
             epochs=warm_epochs,
             seed=seed,
             batch_size=task.warm_batch_size,
-            learning_rate=3e-3,
+            learning_rate=task.warm_learning_rate,
             stop=stop,
         )
         start_from = out / "model-warm"

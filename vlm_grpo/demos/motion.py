@@ -33,9 +33,10 @@ OPTIONS = (*MOVES, "rotating")
 QUESTION = "How does the shape move ? Options : left , right , up , down , rotating ."
 REWARDS = ("accuracy",)
 GRPO_SETTINGS: dict[str, Any] = dict(
-    per_device_train_batch_size=128, learning_rate=1e-3, logging_steps=50, dynamic_sampling=True
+    per_device_train_batch_size=128, learning_rate=5e-4, logging_steps=50, dynamic_sampling=True
 )
-"""GRPO settings of this demo (`grpo_config` fills in the rest): 16 clips x 8 completions a step."""
+"""GRPO settings of this demo (`grpo_config` fills in the rest): 16 clips x 8 completions a step. At learning rate
+1e-3 one seed in three never learned to see the motion (its policy stayed near uniform over the five answers)."""
 
 
 def draw_clip(motion: str, rng: random.Random) -> np.ndarray:
@@ -134,7 +135,7 @@ def vocabulary() -> list[str]:
 
 TASK = DemoTask(
     output_dir="runs/demo-motion",
-    max_steps=400,
+    max_steps=600,
     write_data=write_task,
     vocabulary=vocabulary,
     rewards=REWARDS,
@@ -143,9 +144,9 @@ TASK = DemoTask(
     first_stage="before",
     grpo_settings=GRPO_SETTINGS,
     target=0.8,
-    documented=(0.984, 0.375, 0.938),
+    documented=(1.0, 1.0, 0.984),
 )
-"""The motion demo: 400 GRPO steps of 16 clips x 8 completions with dynamic sampling, no warm start.
+"""The motion demo: 600 GRPO steps of 16 clips x 8 completions with dynamic sampling, no warm start.
 
 16 clips a step, not the colour demo's 4: with 4 (500 steps, learning rate 3e-4 or 1e-3) the held-out accuracy
 stayed near chance (0.19 to 0.31), the reward's signal too thin for the vision tower to learn motion."""
