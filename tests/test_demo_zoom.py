@@ -86,6 +86,19 @@ def test_parse_call_finds_the_json_between_the_tags():
     assert parse_call("<tool_call>\n{not json}\n</tool_call>") is None
 
 
+def test_each_warm_start_prompt_is_answered_once_with_every_pattern(tmp_path):
+    data = write_data(tmp_path / "data", **SMALL)
+    rows = load_data_config(data["warm"], seed=0)
+    answers: dict[tuple[str, str], list[str]] = {}
+    for row, answer in zip(rows, data["warm_answers"], strict=True):
+        answers.setdefault((row["scene"], row["problem"]), []).append(answer)
+    assert len(answers) == SMALL["n_warm"] // len(PATTERNS)  # four records per scene and question
+    assert all(sorted(given) == sorted(PATTERNS) for given in answers.values())  # no answer tied to an image
+    assert set(rows["region"]) == {1, 2, 3, 4}  # every quarter is asked about
+    train = load_data_config(data["train"], seed=0)
+    assert len(set(train["scene"])) == SMALL["n_train"]  # GRPO's records each have their own scene
+
+
 def test_warm_start_rows_train_the_assistant_turns_only(tmp_path):
     from transformers import AutoProcessor
 

@@ -10,8 +10,10 @@ in a tiny model the position of an object is readable only from inside a token's
 
 A random model cannot write that format, so a short supervised warm start teaches it first, on a few
 examples (64 labelled images, 20 epochs); its held-out IoU is printed. GRPO then improves the boxes from its
-own answers on 1,024 other images, sampling at temperature 0.7 (at 1.0 most of the warm model's early samples
-break the format, and GRPO's first steps go to relearning it).
+own answers on 4,096 other images, sampling at temperature 0.7 (at 1.0 most of the warm model's early samples
+break the format, and GRPO's first steps go to relearning it), with TRL's adaptive entropy bonus
+(`use_adaptive_entropy`): without it the policy's entropy fell to 0.01-0.03 nats a token within 300 steps, half
+the groups then had no reward spread, and the IoU stopped rising.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ GRPO_SETTINGS: dict[str, Any] = dict(
     per_device_train_batch_size=128,
     num_generations=8,
     temperature=0.7,
+    use_adaptive_entropy=True,
+    entropy_target=0.2,
 )
 """GRPO settings of this demo (`grpo_config` fills in the rest)."""
 
@@ -72,12 +76,12 @@ def answer(colour: str, shape: str, box: list[int]) -> str:
     return f"<think> {colour} {shape} </think> <answer> [{box[0]}, {box[1]}, {box[2]}, {box[3]}] </answer>"
 
 
-def write_task(out_dir: Path, n_train: int = 1024, n_warm: int = 64, n_eval: int = 64, seed: int = 0) -> dict:
+def write_task(out_dir: Path, n_train: int = 4096, n_warm: int = 64, n_eval: int = 64, seed: int = 0) -> dict:
     """Write the train, warm-start and held-out splits (disjoint images); returns YAML paths and warm targets.
 
     Args:
         out_dir (`Path`): the data folder.
-        n_train (`int`, *optional*, defaults to `1024`): GRPO records.
+        n_train (`int`, *optional*, defaults to `4096`): GRPO records.
         n_warm (`int`, *optional*, defaults to `64`): warm-start records, with their true boxes.
         n_eval (`int`, *optional*, defaults to `64`): held-out records.
         seed (`int`, *optional*, defaults to `0`): seed of the drawing.
@@ -109,7 +113,7 @@ def write_task(out_dir: Path, n_train: int = 1024, n_warm: int = 64, n_eval: int
 
 TASK = DemoTask(
     output_dir="runs/demo-grounding",
-    max_steps=520,
+    max_steps=800,
     write_data=write_task,
     vocabulary=vocabulary,
     rewards=REWARDS,
@@ -121,7 +125,7 @@ TASK = DemoTask(
     target_is_gain=True,
     documented=(0.517, 0.561, 0.335),
 )
-"""The grounding demo: 520 GRPO steps after a warm start of 20 epochs (16 records a step)."""
+"""The grounding demo: 800 GRPO steps after a warm start of 20 epochs (16 records a step)."""
 
 
 def run_grounding(output_dir: str = TASK.output_dir, **kwargs: Any) -> dict:

@@ -192,7 +192,7 @@ def warm_start_with_tools(
             `environment_factory`.
         epochs (`int`, *optional*, defaults to `2`): passes over the conversations.
         learning_rate (`float`, *optional*, defaults to `1e-5`): AdamW's constant learning rate. A randomly
-            initialised model learns the call with far more (the zoom demo's tiny model: `3e-3`, 16 epochs).
+            initialised model learns the call with far more (the zoom demo's tiny model: `3e-3`, 32 epochs).
         batch_size (`int`, *optional*, defaults to `8`): conversations per step.
         seed (`int`, *optional*, defaults to `0`): seed of the order.
         device (`str`, *optional*, defaults to `None`): where the model trains (a torch device name); `None` is

@@ -117,7 +117,11 @@ def question(region: int) -> str:
 
 def write_data(out_dir: Path, seed: int = 0, n_train: int = 512, n_warm: int = 128, n_eval: int = 64) -> dict:
     """Write the scenes, the shown images and the records of each split; returns the data configs by split name and
-    the warm-start conversations (`"warm_calls"`: each record's random quarter and random answer).
+    the warm-start answers (`"warm_answers"`, one per warm-start record).
+
+    The warm-start records come in fours: one scene and one question, answered once with each pattern. Trained on
+    them, the model's answer to a question is as likely to be any pattern, whatever the image: the warm start
+    teaches the call and the answer's form, and nothing that GRPO would have to unlearn.
 
     Args:
         out_dir (`Path`): the data folder.
@@ -131,13 +135,15 @@ def write_data(out_dir: Path, seed: int = 0, n_train: int = 512, n_warm: int = 1
     out: dict[str, Any] = {}
     for split, n in (("train", n_train), ("warm", n_warm), ("eval", n_eval)):
         records = []
+        repeats = len(PATTERNS) if split == "warm" else 1  # a warm-start prompt once with each answer
         for i in range(n):
-            patterns = rng.sample(list(PATTERNS), len(PATTERNS))
-            region = i % 4 + 1
-            scene = draw_scene(patterns, rng)
-            name = f"images/{split}_{i:04d}"
-            scene.save(out_dir / f"{name}_scene.png")
-            shown(scene).save(out_dir / f"{name}.png")
+            if i % repeats == 0:
+                patterns = rng.sample(list(PATTERNS), len(PATTERNS))
+                region = i // repeats % 4 + 1
+                scene = draw_scene(patterns, rng)
+                name = f"images/{split}_{i // repeats:04d}"
+                scene.save(out_dir / f"{name}_scene.png")
+                shown(scene).save(out_dir / f"{name}.png")
             records.append(
                 {
                     "image": f"{name}.png",
@@ -150,7 +156,7 @@ def write_data(out_dir: Path, seed: int = 0, n_train: int = 512, n_warm: int = 1
                 }
             )
         out[split] = write_split(out_dir, split, records)
-    out["warm_answers"] = [rng.choice(list(PATTERNS)) for _ in range(n_warm)]
+    out["warm_answers"] = [list(PATTERNS)[i % len(PATTERNS)] for i in range(n_warm)]
     return out
 
 
