@@ -11,9 +11,10 @@ plain; its description numbers the quarters (1 top left, 2 top right, 3 bottom l
 The model is the tiny Qwen3-VL with its published chat template (its tool section and JSON tool calls). A random
 model writes no tool call, so a warm start comes first: each warm-start conversation calls `zoom` on the quarter
 the question names and answers a pattern, each scene and question once with every pattern, so it teaches the call
-and the answer's form, and nothing of the patterns (held-out accuracy stays at chance, and no pattern is favoured). GRPO then trains on `accuracy` (the final answer) plus `zoomed_right`
-(0.5 for a first call on the quarter the question names): what the model learns of the patterns, it learns from
-the tool's images, through GRPO. `--no-tool` runs the same model, data and budget without the tool, as the baseline.
+and the answer's form, and nothing of the patterns (held-out accuracy stays at chance, and no pattern is favoured).
+GRPO then trains on `accuracy` (the final answer) plus `zoomed_right` (0.5 for a first call on the quarter the
+question names): what the model learns of the patterns, it learns from the tool's images, through GRPO.
+`--no-tool` runs the same model, data and budget without the tool, as the baseline.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ GRPO_SETTINGS: dict[str, Any] = dict(
 """GRPO settings of this demo (`common.grpo_config` fills in the rest): 12 prompts x 8 completions a step, one tool
 call per completion, 64 tokens for the call, the tool's result and the answer. A constant 2e-3 learned as fast and
 then broke the model after about 95 steps (every completion 64 tokens of noise); the cosine decay keeps it, and
-10 warm-up steps keep the first steps from breaking it (seed 1 did without them)."""
+10 warm-up steps keep the first steps from breaking it (seed 1 did without them). Over 200 steps the decay is slower,
+and at the lowest supported versions seed 0 still broke at step 50 (docs/demos.md, "Zoom")."""
 MAX_STEPS = 200
 WARM_EPOCHS = 32
 WARM_LEARNING_RATE = 3e-3
@@ -52,7 +54,7 @@ learning rate (at 16 epochs seed 2's first calls went to the quarter asked about
 the CPU, as GRPO does here."""
 TARGET = 0.8
 """The held-out accuracy with the tool that a run should reach (without it, chance, 0.25, is the ceiling)."""
-DOCUMENTED: tuple[float, ...] = (0.922, 1.0, 0.234)
+DOCUMENTED: tuple[float, ...] = (0.75, 1.0, 1.0)
 """Held-out accuracy after GRPO with the tool for seeds 0, 1, 2, as docs/demos.md gives them."""
 
 
