@@ -44,8 +44,8 @@ GRPO_SETTINGS: dict[str, Any] = dict(
 call per completion, 64 tokens for the call, the tool's result and the answer. A constant 2e-3 broke the model
 after about 95 steps (every completion 64 tokens of noise); a cosine decay from 2e-3 kept it in `.venv`, but at the
 lowest supported versions seed 0 still broke at step 50 and seed 1's calls left the quarter asked about. From 1e-3
-the answers take off as early (step 60) and the policy's entropy falls half as fast (docs/demos.md, "Zoom"); the
-10 warm-up steps keep the first steps from breaking it."""
+the answers take off at steps 60-100, as before, and no run broke (docs/demos.md, "Zoom"); the 10 warm-up steps
+keep the first steps from breaking it."""
 MAX_STEPS = 200
 WARM_EPOCHS = 32
 WARM_LEARNING_RATE = 3e-3
