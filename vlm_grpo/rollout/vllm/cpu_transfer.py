@@ -36,7 +36,9 @@ weights with no option to set.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -44,18 +46,27 @@ from typing import Any
 import torch
 
 TIMEOUT = timedelta(minutes=5)
+"""How long gloo waits for a peer in one collective."""
+PROBE_EVERY = timedelta(seconds=2)
+"""How often a waiting broadcast on the trainer's side asks whether the server is still up."""
 
 
 class GlooCommunicator:
     """A gloo process group standing in for vLLM's `PyNcclCommunicator` in the weight transfer.
 
+    Gloo notices a peer that died during a broadcast only at its timeout (`TIMEOUT`): a broadcast that is still
+    waiting after `PROBE_EVERY` asks `peer_alive` (the trainer's side: the server's `/health`) every `PROBE_EVERY` and
+    stops with the probe's error once the peer is gone.
+
     Args:
         group (`vllm.distributed.utils.StatelessProcessGroup`): the rendezvous the NCCL communicator would be built
             on; TRL's `close_communicator` clears its store and socket as it does for NCCL's.
+        peer_alive (`Callable[[], None]`, *optional*): raises `requests.exceptions.RequestException` when the peer is
+            gone; without it, a broadcast waits up to `TIMEOUT`.
     """
 
-    def __init__(self, group: Any) -> None:
-        self.group = group
+    def __init__(self, group: Any, peer_alive: Callable[[], None] | None = None) -> None:
+        self.group, self.peer_alive = group, peer_alive
         store = torch.distributed.PrefixStore("weight_transfer_gloo", group.store)
         self.gloo = torch.distributed.ProcessGroupGloo(store, group.rank, group.world_size, TIMEOUT)
 
@@ -63,22 +74,47 @@ class GlooCommunicator:
         """Broadcast `tensor` (a CPU tensor, received in place) from rank `src` to the group, as NCCL's does."""
         options = torch.distributed.BroadcastOptions()
         options.rootRank, options.rootTensor = src, 0
-        self.gloo.broadcast([tensor], options).wait()
+        work = self.gloo.broadcast([tensor], options)
+        if self.peer_alive is None:
+            work.wait()
+            return
+        import requests
+
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _: done.set())
+        while not done.wait(PROBE_EVERY.total_seconds()):
+            try:
+                self.peer_alive()
+            except requests.exceptions.RequestException:
+                # gloo cannot cancel the pending broadcast (`abort` leaves it waiting), and destroying the group joins
+                # the thread that waits in it, until `TIMEOUT`: the process keeps the group until it ends
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.gloo))
+                raise
+        work.wait()  # raises gloo's error, if any
 
 
-def _join(master_address: str, master_port: int, rank: int, world_size: int) -> GlooCommunicator:
+def _join(
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    peer_alive: Callable[[], None] | None = None,
+) -> GlooCommunicator:
     from vllm.distributed.utils import StatelessProcessGroup
 
     group = StatelessProcessGroup.create(
         host=master_address, port=master_port, rank=rank, world_size=world_size
     )
-    return GlooCommunicator(group)
+    return GlooCommunicator(group, peer_alive)
 
 
-def trainer_init(init_info: Any, rank: int = 0) -> GlooCommunicator:
-    """Stands in for `vllm.distributed.weight_transfer.nccl_common.trainer_init`: the trainer joins as `rank`."""
+def trainer_init(
+    init_info: Any, rank: int = 0, peer_alive: Callable[[], None] | None = None
+) -> GlooCommunicator:
+    """Stands in for `vllm.distributed.weight_transfer.nccl_common.trainer_init`: the trainer joins as `rank`;
+    `peer_alive` as `GlooCommunicator`'s."""
     get = init_info.get if isinstance(init_info, dict) else lambda key: getattr(init_info, key)
-    return _join(get("master_address"), get("master_port"), rank, get("world_size"))
+    return _join(get("master_address"), get("master_port"), rank, get("world_size"), peer_alive)
 
 
 def worker_init_process_group(init_info: Any, parallel_config: Any) -> GlooCommunicator:
@@ -191,6 +227,7 @@ def init_communicator(self: Any, device: Any = 0) -> None:
     """
     import atexit
     from concurrent.futures import ThreadPoolExecutor
+    from functools import partial
 
     from trl.generation.vllm_client import get_ip
 
@@ -210,9 +247,24 @@ def init_communicator(self: Any, device: Any = 0) -> None:
         future = executor.submit(
             self._post, f"{self.base_url}/init_weight_transfer_engine", json={"init_info": init_info}
         )
-        self.communicator = trainer_init(init_info)
+        self.communicator = trainer_init(init_info, peer_alive=partial(server_alive, self.base_url))
         future.result()
     atexit.register(self.close_communicator)
+
+
+def server_alive(base_url: str) -> None:
+    """Raises `requests.ConnectionError` when the server at `base_url` refuses connections (it stopped); a server
+    that is up, busy or slow to answer passes.
+
+    Args:
+        base_url (`str`): the server's address, as TRL's client holds it.
+    """
+    import requests
+
+    try:
+        requests.get(f"{base_url}/health", timeout=PROBE_EVERY.total_seconds())
+    except requests.exceptions.Timeout:
+        pass  # up, but busy (the weight update in progress)
 
 
 _CLIENT_INSTALLED: list = []
