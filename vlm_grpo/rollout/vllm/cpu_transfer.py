@@ -54,9 +54,9 @@ PROBE_EVERY = timedelta(seconds=2)
 class GlooCommunicator:
     """A gloo process group standing in for vLLM's `PyNcclCommunicator` in the weight transfer.
 
-    Gloo notices a peer that died during a broadcast only at its timeout (`TIMEOUT`): a broadcast that is still
-    waiting after `PROBE_EVERY` asks `peer_alive` (the trainer's side: the server's `/health`) every `PROBE_EVERY` and
-    stops with the probe's error once the peer is gone.
+    Gloo does not always notice a peer that died during a broadcast, which then waits out its timeout (`TIMEOUT`): a
+    broadcast still waiting after `PROBE_EVERY` asks `peer_alive` (the trainer's side: the server's `/health`) every
+    `PROBE_EVERY` and stops with the probe's error once the peer is gone.
 
     Args:
         group (`vllm.distributed.utils.StatelessProcessGroup`): the rendezvous the NCCL communicator would be built
