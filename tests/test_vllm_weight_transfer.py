@@ -44,7 +44,7 @@ time.sleep(600)
 """
 
 
-def test_a_broadcast_to_a_server_that_stopped_answering_stops_and_the_process_exits(tmp_path):
+def test_a_broadcast_to_a_server_that_stopped_answering_stops_and_the_process_exits():
     port, dead = free_port(), f"http://127.0.0.1:{free_port()}"
     trainer = subprocess.Popen(
         [sys.executable, "-c", TRAINER, str(port), dead],
