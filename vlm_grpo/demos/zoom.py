@@ -1,7 +1,7 @@
 """Zoom demo: name the pattern in one quarter of an image that only a `zoom` tool shows (multi-turn GRPO, tool images).
 
 Each scene is a 128x128 image: a light background and, in each of its four 64x64 quarters, a 48x48 mark filled with
-one of four black-and-white patterns (`rows`, `columns`, `checks`, `diagonal`; each a 4x4 tile with 8 dark pixels),
+one of four black-and-white patterns (`rows`, `columns`, `checks`, `lines`; each a 4x4 tile with 8 dark pixels),
 the four patterns in a random order. The question names a quarter ("top left", ...). The model is shown the scene at
 32x32 (each 4x4 block averaged): every pattern then becomes the same grey, pixel for pixel, so the shown image tells
 nothing of the patterns, and answering from it alone is right a quarter of the time. The environment `ZoomScene`

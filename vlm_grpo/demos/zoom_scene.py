@@ -23,13 +23,13 @@ PATTERNS: dict[str, list[list[int]]] = {
     "rows": [[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]],
     "columns": [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]],
     "checks": [[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1]],
-    "diagonal": [[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1], [1, 0, 0, 1]],
+    "lines": [[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]],
 }
 """The marks' fills, as 4x4 tiles (1 is dark): each has 8 dark pixels, so every tile averages to the same grey, and
 any two agree on half their pixels (as +-1 tiles they are orthogonal), so none is a shade of another."""
 QUARTERS = ("top left", "top right", "bottom left", "bottom right")
 """The quarters 1-4 by name, as the questions name them and as `zoom`'s description numbers them."""
-QUESTION = "Which pattern fills the {where} quarter ? Options : rows , columns , checks , diagonal ."
+QUESTION = "Which pattern fills the {where} quarter ? Options : rows , columns , checks , lines ."
 
 
 class ZoomScene:
