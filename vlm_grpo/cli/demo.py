@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
         "--dynamic_sampling",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="replace groups whose advantages are all zero (DAPO); default: the task's own (on for colour)",
+        help="replace groups whose advantages are all zero (DAPO); default: the task's own (on for colour, "
+        "grounding and motion)",
     )
     parser.add_argument(
         "--async_rollouts",

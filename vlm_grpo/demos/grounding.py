@@ -13,7 +13,8 @@ examples (64 labelled images, 20 epochs); its held-out IoU is printed. GRPO then
 own answers on 4,096 other images, 32 prompts x 8 completions a step, sampling at temperature 0.7 (at 1.0 most of
 the warm model's early samples break the format, and GRPO's first steps go to relearning it), with TRL's adaptive
 entropy bonus (`use_adaptive_entropy`): without it the policy's entropy fell to 0.01-0.03 nats a token within 300
-steps, half the groups then had no reward spread, and the IoU stopped rising.
+steps, half the groups then had no reward spread, and the IoU stopped rising. Even with it, a third of the groups
+score their eight boxes alike from step 325 on; dynamic sampling (`dynamic_sampling`) replaces them with fresh prompts.
 """
 
 from __future__ import annotations
@@ -44,10 +45,13 @@ GRPO_SETTINGS: dict[str, Any] = dict(
     use_adaptive_entropy=True,
     entropy_target=0.2,
     lr_scheduler_type="cosine",
+    dynamic_sampling=True,
 )
 """GRPO settings of this demo (`grpo_config` fills in the rest). At a constant learning rate of 1e-3 a run of 800
 steps broke (seed 0: the format reward fell from 0.99 to 0.23 after step 400); the cosine decay keeps it. 32 prompts
-a step instead of 16 took seed 1 from 0.261 -> 0.452 (800 steps) to 0.261 -> 0.653 in 500 steps (docs/demos.md)."""
+a step instead of 16 took seed 1 from 0.261 -> 0.452 (800 steps) to 0.261 -> 0.653 in 500 steps. Dynamic sampling
+replaces the groups whose eight boxes score alike (a third of them from step 325 on without it): seed 0 then gains +0.31
+over its warm start, against +0.26 (docs/demos.md)."""
 
 
 def vocabulary() -> list[str]:
@@ -126,9 +130,9 @@ TASK = DemoTask(
     grpo_settings=GRPO_SETTINGS,
     target=0.3,
     target_is_gain=True,
-    documented=(0.694, 0.653, 0.684),
+    documented=(0.748, 0.674, 0.693),
 )
-"""The grounding demo: 500 GRPO steps after a warm start of 20 epochs (16 records a step)."""
+"""The grounding demo: 500 GRPO steps with dynamic sampling after a warm start of 20 epochs (16 records a step)."""
 
 
 def run_grounding(output_dir: str = TASK.output_dir, **kwargs: Any) -> dict:

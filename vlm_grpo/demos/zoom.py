@@ -55,7 +55,7 @@ learning rate (at 16 epochs seed 2's first calls went to the quarter asked about
 the CPU, as GRPO does here."""
 TARGET = 0.8
 """The held-out accuracy with the tool that a run should reach (without it, chance, 0.25, is the ceiling)."""
-DOCUMENTED: tuple[float, ...] = (0.75, 1.0, 0.766)
+DOCUMENTED: tuple[float, ...] = (1.0, 1.0, 1.0)
 """Held-out accuracy after GRPO with the tool for seeds 0, 1, 2, as docs/demos.md gives them."""
 
 
