@@ -158,8 +158,8 @@ def test_the_verdict_says_which_run_the_documented_figure_is_for():
 
 def test_zoom_demo_runs_with_tool_calls_and_tool_images(tmp_path):
     small = dict(
-        max_steps=2, logging_steps=1, log_samples_steps=1, per_device_train_batch_size=16, warm_epochs=48,
-        data_sizes={**SMALL, "n_warm": 64},  # 192 warm-start steps: enough to write the call every time
+        max_steps=2, logging_steps=1, log_samples_steps=1, per_device_train_batch_size=16, warm_epochs=32,
+        data_sizes={**SMALL, "n_warm": 128},  # the demo's warm start: enough to write the call every time
     )  # fmt: skip
     result = zoom.run_zoom(str(tmp_path / "run"), **small)
     for stage in ("start", "warm", "after"):
