@@ -13,12 +13,12 @@ import importlib.util
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from dist_helpers import free_port
 from test_video import VIDEO_FAMILIES, VLLM_VIDEO_REFUSED
 from vllm_worker import vllm_attends_images_causally
 
@@ -55,12 +55,6 @@ def known_gap(check: str) -> list:
         else s
         for s in FAMILIES
     ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def implemented_by_vllm(model_type: str) -> bool:

@@ -162,7 +162,6 @@ def run_until_the_server_dies(server: Server, model: Path, folder: Path) -> dict
     """`vlm-grpo train` with `vllm_mode: server` and a checkpoint every step; once the first checkpoint is complete,
     the whole server (its process group) is killed. Returns the command's exit status and error output, and the
     checkpoints left."""
-    from dist_helpers import free_port as group_port
     from dist_helpers import write_config, write_data
 
     from vlm_grpo.trainer.checkpoints import COMPLETE_MARKER
@@ -171,7 +170,7 @@ def run_until_the_server_dies(server: Server, model: Path, folder: Path) -> dict
     config = write_config(
         folder, str(model), write_data(folder / "data", ["image"] * 8),
         use_vllm=True, vllm_mode="server", vllm_server_base_url=f"http://127.0.0.1:{server.port}",
-        vllm_group_port=group_port(), max_steps=40, save_steps=1, max_completion_length=4,
+        vllm_group_port=free_port(), max_steps=40, save_steps=1, max_completion_length=4,
     )  # fmt: skip
     code = "from vlm_grpo.cli import main; main()"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}

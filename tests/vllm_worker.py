@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import uuid
 from pathlib import Path
+
+from dist_helpers import free_port
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -315,12 +316,6 @@ def main(shape: str, out: Path, mode: str, port: int | None = None) -> None:
     result_file.write_text(json.dumps(result))
     if finish_processes(trainer.release_process_groups):  # as `vlm-grpo train` ends
         exit_process(0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

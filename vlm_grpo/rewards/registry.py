@@ -81,9 +81,6 @@ class BuiltReward(AsyncNamedReward):
     """`AsyncNamedReward` for a reward of `REWARD_BUILDERS`: the object built from the spec's options, called with
     the name it is logged under (`reward_name=`), so that its metrics and columns follow a renamed spec (`judge_2`)."""
 
-    def __init__(self, func: Callable[..., Any], name: str) -> None:
-        super().__init__(func, name)
-
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return await self.func(*args, **kwargs, reward_name=self.__name__)
 
