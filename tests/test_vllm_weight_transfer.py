@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from test_vllm import free_port
+from dist_helpers import free_port
 
 pytestmark = pytest.mark.vllm
 

@@ -35,8 +35,9 @@ def main(family: str, out: Path, mode: str = "colocate", port: int | None = None
     import torch
     from conftest import color_rows, square_image
     from datasets import Dataset
+    from dist_helpers import free_port
     from test_tools import COMMON, Canvas, call_text, family_model, plain, turns_reward, zoom
-    from vllm_worker import free_port, trainer_logps
+    from vllm_worker import trainer_logps
 
     from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer
     from vlm_grpo.models.base import EncodedPrompt

@@ -1,10 +1,15 @@
-"""Dataset rows as a rollout reads them: their images (loaded once per group), their videos, the same-prompt rule."""
+"""Dataset rows as a rollout reads them: read and decoded once per group (`GroupRows`, `repeat_row`), their images,
+their videos, the same-prompt rule."""
 
 from __future__ import annotations
 
+import copy
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import datasets
+import torch
 from PIL import Image
 from transformers.image_utils import load_image
 
@@ -16,6 +21,43 @@ def row_images(row: dict[str, Any]) -> list[Any]:
     if row.get("images") is not None:
         return list(row["images"])
     return [row["image"]] if row.get("image") is not None else []
+
+
+def repeat_row(row: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """`row` and `count - 1` copies of it that share its PIL images (decoded once) and copy everything else, so that
+    nothing done to one row's messages or columns reaches another.
+
+    Args:
+        row (`dict`): a dataset row.
+        count (`int`): the rows wanted (a group's `num_generations`).
+    """
+    shared = {id(image): image for image in row_images(row) if isinstance(image, Image.Image)}
+    return [row] + [copy.deepcopy(row, dict(shared)) for _ in range(count - 1)]
+
+
+class GroupRows(torch.utils.data.Dataset):
+    """A map-style dataset whose batches read each index once: TRL's `RepeatSampler` puts every prompt
+    `num_generations` times in a batch, and `datasets` would decode its images again at each repeat. The rows are the
+    same, in the same order; the repeats are `repeat_row` copies.
+
+    Args:
+        dataset (`datasets.Dataset`): the rows.
+    """
+
+    def __init__(self, dataset: datasets.Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        counts = Counter(indices)  # distinct indices, in their first order
+        rows = self.dataset.__getitems__(list(counts))
+        repeats = {i: iter(repeat_row(row, counts[i])) for i, row in zip(counts, rows, strict=True)}
+        return [next(repeats[i]) for i in indices]
 
 
 def load_row_images(row: dict[str, Any]) -> list[Image.Image]:

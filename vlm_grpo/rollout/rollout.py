@@ -26,7 +26,7 @@ from accelerate.utils import gather_object
 from trl.data_utils import prepare_multimodal_messages
 from trl.extras.profiling import ProfilingContext
 
-from ..data.rows import load_rows, same_prompt
+from ..data.rows import load_rows, repeat_row, same_prompt
 from ..errors import VLMGRPOError
 from ..models import EncodedPrompt, ModelFamily
 from ..policy.adapters import base_model
@@ -425,7 +425,7 @@ class Rollout:
             skip = lambda i: prompt_key(self.dataset[i]) in seen  # noqa: E731
             indices = self.prompt_stream.take(groups * self.accelerator.num_processes, skip)
             mine = indices[process * groups : (process + 1) * groups]
-            rows = [self.dataset[i] for i in mine for _ in range(num_generations)]
+            rows = [row for i in mine for row in repeat_row(self.dataset[i], num_generations)]
             return score(self._sample_rows(rows, "train", timer))
 
         least, most, total = (self._agreeing(reduce) for reduce in (torch.min, torch.max, torch.sum))

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import datasets
 import torch
 from accelerate.utils import gather, gather_object, is_peft_model
 from peft import PeftConfig
@@ -38,7 +39,7 @@ from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import split_tensor_dict, use_adapter
 
 from ..advantages import group_advantages
-from ..data.rows import reward_prompts
+from ..data.rows import GroupRows, reward_prompts
 from ..errors import VLMGRPOError
 from ..models import ModelFamily, get_model_family
 from ..policy.lm_head import keep_embedding_dtype
@@ -212,6 +213,12 @@ class VLMGRPOTrainer(GRPOTrainer):
         )  # fmt: skip
         self.rollout = parts.build_rollout(self, None if self.use_vllm else self.generation_config, fast)
         self._async = parts.async_rollouts(self, self.rollout)
+
+    def _get_dataloader(self, dataset, description, batch_size, sampler_fn=None, is_training=False, **kwargs):
+        """Transformers' loader, whose batches read and decode each of TRL's repeated prompts once (`GroupRows`)."""
+        if isinstance(dataset, datasets.Dataset):
+            dataset = GroupRows(self._remove_unused_columns(dataset, description))
+        return super()._get_dataloader(dataset, description, batch_size, sampler_fn, is_training, **kwargs)
 
     def release_process_groups(self) -> None:
         """Destroy the process groups vLLM set up in colocate mode, through vLLM (see `shutdown.finish_processes`).
