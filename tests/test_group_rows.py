@@ -57,3 +57,35 @@ def test_the_training_loader_gives_the_rows_trls_sampler_draws(tiny_model, tmp_p
         _same_row(row, trainer.train_dataset[i])
     for group in (batch[:3], batch[3:]):
         assert group[0]["images"][0] is group[1]["images"][0] is group[2]["images"][0]
+
+
+def test_a_refill_round_reads_each_fresh_prompt_once(tiny_model, tmp_path):
+    """Dynamic sampling's refill reads a fresh prompt's row once: the read that checks it was not drawn yet is the
+    one its rows are copied from."""
+    trainer = VLMGRPOTrainer(
+        tiny_model(DEFAULT_FAMILY),
+        lambda completions, solution, **kwargs: [
+            1.0 if s in ("red", "green") else len(c[0]["content"])
+            for c, s in zip(completions, solution, strict=True)
+        ],
+        args=grpo_args(
+            tmp_path, dynamic_sampling=True, per_device_train_batch_size=6, num_generations=3, max_steps=3
+        ),
+        train_dataset=color_dataset(8),
+    )
+    reads: list[tuple[int, int]] = []  # (step, index)
+    dataset = trainer.rollout.dataset
+
+    class Reads:
+        def __len__(self) -> int:
+            return len(dataset)
+
+        def __getitem__(self, index: int) -> dict:
+            reads.append((trainer.state.global_step, index))
+            return dataset[index]
+
+    trainer.rollout.dataset = Reads()
+    trainer.train()
+    fresh = sum(e["dynamic_sampling/prompts"] for e in trainer.state.log_history if "loss" in e) - 2 * 3
+    assert fresh > 0 and len(reads) >= fresh
+    assert len(set(reads)) == len(reads), reads

@@ -70,28 +70,50 @@ def image_parts(rows: Sequence[dict[str, torch.Tensor]]) -> list[dict[str, torch
     ]
 
 
+class ToolImageInputs:
+    """The image inputs of the images rows' tools returned, each row's list encoded once per generation batch: the
+    turn that continues after the tools and the training passes read the same tensors (and, with frozen vision, the
+    same stored features).
+
+    Args:
+        family (`ModelFamily`): the family's module (`encode_images`).
+        processor (`ProcessorMixin`): the family's processor.
+        device (`torch.device`): where the tensors go.
+    """
+
+    def __init__(self, family: ModelFamily, processor: Any, device: torch.device):
+        self.family, self.processor, self.device = family, processor, device
+        self._encoded: dict[tuple[int, ...], tuple[list[Any], dict[str, torch.Tensor]]] = {}
+
+    def __call__(self, images: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """The image inputs of `images` (a row's tool images, in order), encoded at their first request."""
+        key = tuple(id(image) for image in images)
+        if key not in self._encoded:  # the images stay with their inputs: no other object can take their ids
+            inputs = self.family.encode_images(self.processor, images)
+            self._encoded[key] = (list(images), {k: v.to(self.device) for k, v in inputs.items()})
+        return self._encoded[key][1]
+
+
 def row_image_inputs(
     family: ModelFamily,
-    processor: Any,
     encoded: Sequence[EncodedPrompt],
     tool_images: Sequence[Sequence[Any]],
-    device: torch.device,
+    tool_inputs: ToolImageInputs,
 ) -> list[dict[str, torch.Tensor]]:
     """Each row's image inputs: its prompt's (shared by its group), or for a row whose tools returned images, a
     `ToolImageRow` holding the prompt's images followed by the tools'.
 
     Args:
-        family (`ModelFamily`): the family's module (`encode_images`, `collate`).
-        processor (`ProcessorMixin`): the family's processor.
+        family (`ModelFamily`): the family's module (`collate`).
         encoded (`Sequence[EncodedPrompt]`): the rows' encoded prompts.
         tool_images (`Sequence[Sequence[PIL.Image.Image]]`): the images each row's tools returned, in order.
-        device (`torch.device`): where the tensors go.
+        tool_inputs (`ToolImageInputs`): the batch's encoded tool images.
     """
     rows = []
     for prompt, images in zip(encoded, tool_images, strict=True):
         if not images:
             rows.append(prompt.image_inputs)
             continue
-        tools = {k: v.to(device) for k, v in family.encode_images(processor, images).items()}
+        tools = tool_inputs(images)
         rows.append(ToolImageRow(family.collate([prompt.image_inputs, tools]), prompt.image_inputs, tools))
     return rows

@@ -27,7 +27,7 @@ from trl.models import unwrap_model_for_generation
 from ..models import EncodedPrompt, ModelFamily
 from ..policy.adapters import base_model, drop_repeated_input_grad_hooks
 from ..policy.image_features import ImageFeatureCache, reusing_features
-from ..policy.image_rows import row_image_inputs
+from ..policy.image_rows import ToolImageInputs, row_image_inputs
 from ..policy.shared_prefix import shared_prefix_continue, shared_prefix_generate
 from .batch import pad_rows
 from .fast_generation import FastGeneration
@@ -126,6 +126,7 @@ class TransformersSampler:
         histories: list[list[int]],
         images: list[list | None],
         prompts: list[EncodedPrompt] | None,
+        tool_inputs: ToolImageInputs,
     ) -> list[list[int]]:
         """The next turn of rows that called a tool, from their histories (prompt, turns so far, tool results).
 
@@ -134,9 +135,10 @@ class TransformersSampler:
             images (`list`): each row's images, the prompt's then the tools'.
             prompts (`list[EncodedPrompt]`, *optional*): the prompt each row starts with, when each group's prompt is
                 prefilled once (see `tools.history_prompts`); None: each row runs whole.
+            tool_inputs (`ToolImageInputs`): the batch's encoded tool images, which the training passes read too.
         """
         if prompts is not None:
-            return self._continue_turns(histories, images, prompts)
+            return self._continue_turns(histories, images, prompts, tool_inputs)
         device = self.accelerator.device
         encoded = []
         for ids, pictures in zip(histories, images, strict=True):
@@ -148,16 +150,18 @@ class TransformersSampler:
         return self.sample(encoded, shared=False)
 
     def _continue_turns(
-        self, histories: list[list[int]], images: list[list | None], prompts: list[EncodedPrompt]
+        self,
+        histories: list[list[int]],
+        images: list[list | None],
+        prompts: list[EncodedPrompt],
+        tool_inputs: ToolImageInputs,
     ) -> list[list[int]]:
         """The next turn of multi-turn rows, each group's prompt prefilled once (see `shared_prefix_continue`): the
         rows' continuations (turns so far, tool results) and the tools' images run per row over the prompt's cache."""
         returned = [
             (pictures or [])[prompt.num_images :] for prompt, pictures in zip(prompts, images, strict=True)
         ]
-        image_inputs = row_image_inputs(
-            self.family, self.processor, prompts, returned, self.accelerator.device
-        )
+        image_inputs = row_image_inputs(self.family, prompts, returned, tool_inputs)
         prompt_ids, prompt_mask = self._left_padded([p.input_ids for p in prompts])  # [B, P]
         continuation_ids, continuation_mask = self._left_padded(
             [h[len(p.input_ids) :] for h, p in zip(histories, prompts, strict=True)]

@@ -31,7 +31,7 @@ from ..errors import VLMGRPOError
 from ..models import EncodedPrompt, ModelFamily
 from ..policy.adapters import base_model
 from ..policy.image_features import ImageFeatureCache
-from ..policy.image_rows import image_parts, row_image_inputs
+from ..policy.image_rows import ToolImageInputs, image_parts, row_image_inputs
 from ..policy.sharing_plan import SharingPolicy, group_sizes
 from ..runtime.monitoring import PhaseTimer
 from .batch import Sampled, across_processes
@@ -176,6 +176,7 @@ class Rollout:
         self.tools, self.rollout_func = tools, rollout_func
         self.dynamic, self.prompt_stream, self.dataset, self.score = dynamic, prompt_stream, dataset, score
         self.version = 0  # the policy version the batch being sampled comes from
+        self.tool_inputs: ToolImageInputs | None = None  # the batch being sampled's encoded tool images
 
     # ------------------------------------------------------------------------------------------ one batch
     def sample(
@@ -194,6 +195,7 @@ class Rollout:
         """
         self.version = version
         timer = PhaseTimer()
+        self.tool_inputs = ToolImageInputs(self.family, self.processor, self.accelerator.device)
         if self.image_features is not None and mode == "train" and clear_features:
             self.image_features.clear()  # the previous generation batch's features are not needed any more
         if self.vllm is not None:
@@ -205,6 +207,7 @@ class Rollout:
         if self.tools is not None:
             batch.metrics.update(self._tool_metrics(batch.sampled))
         batch.image_inputs = self._image_inputs(batch.sampled)
+        self.tool_inputs = None  # the batch holds the tensors it trains on
         batch.seconds = timer.pop()
         return batch
 
@@ -376,7 +379,9 @@ class Rollout:
             # every process takes the same path, as ZeRO-3 counts the forward calls
             shares = turn_prompts is not None and bool(self.agree(prompts is not None, torch.all))
             with self.profile("transformers.generate"):
-                return self.transformers.next_turns(histories, images, prompts if shares else None), None
+                return self.transformers.next_turns(
+                    histories, images, prompts if shares else None, self.tool_inputs
+                ), None
 
         turns = self.tools.loop.run(
             prompts, [e.input_ids for e in sampled.encoded], sampled.completion_ids, sampled.completions,
@@ -422,10 +427,15 @@ class Rollout:
             return Round(part.inputs, part, rewards[process * n : (process + 1) * n], extra, logged)
 
         def fresh(groups: int) -> Round:
-            skip = lambda i: prompt_key(self.dataset[i]) in seen  # noqa: E731
+            read: dict[int, dict[str, Any]] = {}  # the rows `skip` read (images decoded), reused for sampling
+
+            def skip(index: int) -> bool:
+                read[index] = self.dataset[index]
+                return prompt_key(read[index]) in seen
+
             indices = self.prompt_stream.take(groups * self.accelerator.num_processes, skip)
             mine = indices[process * groups : (process + 1) * groups]
-            rows = [row for i in mine for row in repeat_row(self.dataset[i], num_generations)]
+            rows = [row for i in mine for row in repeat_row(read[i], num_generations)]
             return score(self._sample_rows(rows, "train", timer))
 
         least, most, total = (self._agreeing(reduce) for reduce in (torch.min, torch.max, torch.sum))
@@ -452,9 +462,7 @@ class Rollout:
         """
         rows = [e.image_inputs for e in sampled.encoded]
         if any(sampled.tool_images or ()):
-            rows = row_image_inputs(
-                self.family, self.processor, sampled.encoded, sampled.tool_images, self.accelerator.device
-            )
+            rows = row_image_inputs(self.family, sampled.encoded, sampled.tool_images, self.tool_inputs)
         if self.settings.encode_features_after_sampling:
             sampler = self.transformers
             with sampler.generating(rows) as model:

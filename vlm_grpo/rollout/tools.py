@@ -135,6 +135,7 @@ class ToolLoop:
         self.chat_template, self.chat_template_kwargs = chat_template, chat_template_kwargs
         self.max_iterations, self.max_completion_length = max_iterations, max_completion_length
         self.max_model_len, self.async_loop, self.timeout = max_model_len, async_loop, timeout
+        self._call_prefixes: dict[str, list[int]] = {}  # tool name -> `suffix_ids`' rendered calling turn
 
     def run(
         self,
@@ -317,23 +318,25 @@ class ToolLoop:
     def suffix_ids(self, tool_messages: list[dict[str, Any]]) -> list[int]:
         """The ids the chat template writes after an assistant turn that called a tool: the tool results and the next
         assistant turn's header, rendered from a minimal conversation with the real tool name (as TRL does)."""
-        call = {"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}
+        name = tool_messages[0]["name"]
+        call = {"type": "function", "function": {"name": name, "arguments": {}}}
         # "content" is required: VLM processors fail to tokenize an assistant turn without it
         head = prepare_multimodal_messages(
             [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
         )
         template = {"tokenize": True, "chat_template": self.chat_template, "return_dict": False}
-        prefix = self.processor.apply_chat_template(
-            head, add_generation_prompt=False, **template, **self.chat_template_kwargs
-        )[0]
+        if name not in self._call_prefixes:  # the same ids for every call of the tool
+            prefix = self.processor.apply_chat_template(
+                head, add_generation_prompt=False, **template, **self.chat_template_kwargs
+            )[0]
+            # templates that write a newline after the end of a turn are cut at its end-of-sequence token
+            ends = [k for k, token in enumerate(prefix) if token == self.tokenizer.eos_token_id]
+            self._call_prefixes[name] = prefix[: ends[-1] + 1] if ends else prefix
+        prefix = self._call_prefixes[name]
         full = self.processor.apply_chat_template(
             head + prepare_multimodal_messages(tool_messages), add_generation_prompt=True, **template,
             **self.chat_template_kwargs,
         )[0]  # fmt: skip
-        # templates that write a newline after the end of a turn are cut at its end-of-sequence token
-        ends = [k for k, token in enumerate(prefix) if token == self.tokenizer.eos_token_id]
-        if ends:
-            prefix = prefix[: ends[-1] + 1]
         if full[: len(prefix)] != prefix:
             raise ValueError(
                 "Unexpected tokenization: the EOS-trimmed prefix IDs are not a prefix of the full IDs."
