@@ -331,6 +331,24 @@ def test_tool_results_are_masked_and_their_images_reach_the_forward(tools_model,
     assert_logps_of_plain_rows(trainer, batch, range(batch["prompt_ids"].size(0)))
 
 
+def test_a_rows_tool_images_are_encoded_once_per_batch(tools_model, tmp_path, monkeypatch):
+    """The turn after the tool and the log-prob passes read one encoding of a row's tool images: the processor runs
+    on them once a row (it ran twice before), and the log-probs stay those of a plain forward of each whole row."""
+    trainer = zoom_rollout_trainer(tools_model, tmp_path, share_prompt_prefix="true")
+    encoded = []
+    encode_images = trainer.family.encode_images
+    monkeypatch.setattr(
+        trainer.family,
+        "encode_images",
+        lambda processor, images: encoded.append(encode_images(processor, images)) or encoded[-1],
+    )
+    batch = trainer._generate_and_score_completions(two_groups())
+    with_tool = [i for i, m in enumerate(batch["tool_mask"]) if (m == 0).any()]
+    assert with_tool, "no row called the tool"
+    assert len(encoded) == len(with_tool)
+    assert_logps_of_plain_rows(trainer, batch, with_tool)
+
+
 def test_tool_images_reach_the_forward_where_image_tokens_attend_each_other(tiny_model, tmp_path):
     """A family whose image tokens attend to each other (Gemma 4), its tool returning images: the rows run whole
     (see `SharingPolicy`), and the trainer's log-probs of every row equal a plain forward of the whole row with the
