@@ -8,8 +8,10 @@ result. The tools are real functions; one returns an image, which joins the row'
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -20,9 +22,10 @@ from trl import GRPOConfig, GRPOTrainer
 
 from vlm_grpo import VLMGRPOConfig, VLMGRPOTrainer, get_model_family
 from vlm_grpo.errors import VLMGRPOError
-from vlm_grpo.policy.image_rows import prompt_images
+from vlm_grpo.policy.image_rows import pixel_key, prompt_images
 from vlm_grpo.policy.shared_prefix import find_groups
 from vlm_grpo.policy.sharing_plan import FULL_ROWS, SharingPolicy
+from vlm_grpo.rollout.tool_suffix import ToolSuffix
 from vlm_grpo.testing import a_family_with, families_with, tiny_family
 from vlm_grpo.trl_options import TOOL_TEMPLATE_MESSAGE
 
@@ -332,8 +335,9 @@ def test_tool_results_are_masked_and_their_images_reach_the_forward(tools_model,
 
 
 def test_a_rows_tool_images_are_encoded_once_per_batch(tools_model, tmp_path, monkeypatch):
-    """The turn after the tool and the log-prob passes read one encoding of a row's tool images: the processor runs
-    on them once a row (it ran twice before), and the log-probs stay those of a plain forward of each whole row."""
+    """The turn after the tool and the log-prob passes read one encoding of a row's tool images, and rows whose tools
+    returned the same pixels (the same quarter) share it: the processor runs once per distinct quarter (before: twice
+    per row), and the log-probs stay those of a plain forward of each whole row."""
     trainer = zoom_rollout_trainer(tools_model, tmp_path, share_prompt_prefix="true")
     encoded = []
     encode_images = trainer.family.encode_images
@@ -342,11 +346,59 @@ def test_a_rows_tool_images_are_encoded_once_per_batch(tools_model, tmp_path, mo
         "encode_images",
         lambda processor, images: encoded.append(encode_images(processor, images)) or encoded[-1],
     )
-    batch = trainer._generate_and_score_completions(two_groups())
+    batch = trainer._generate_and_score_completions(
+        [r for r in color_rows(2) for _ in range(4)]  # two prompts, four rows each
+    )
     with_tool = [i for i, m in enumerate(batch["tool_mask"]) if (m == 0).any()]
-    assert with_tool, "no row called the tool"
-    assert len(encoded) == len(with_tool)
+    texts = trainer.processing_class.batch_decode(batch["completion_ids"][with_tool])
+    quarters = [re.search(r"quarter (\d)", text).group(1) for text in texts]  # the tool result's text
+    assert len(set(quarters)) < len(quarters), "no two rows zoomed on the same quarter"
+    assert len(encoded) == len(set(quarters))
+    tool_inputs = [batch["image_inputs"][i].tools for i in with_tool]
+    for a, b in itertools.combinations(range(len(with_tool)), 2):
+        assert (tool_inputs[a] is tool_inputs[b]) == (quarters[a] == quarters[b])
     assert_logps_of_plain_rows(trainer, batch, with_tool)
+
+
+def test_images_of_equal_pixels_share_a_key():
+    """`pixel_key`: equal pixels give equal keys, whatever the object; a changed pixel, size, mode or palette does
+    not."""
+    image = square_image("red", 32)
+    assert pixel_key(image) == pixel_key(square_image("red", 32)) == pixel_key(image.copy())
+    changed = image.copy()
+    changed.putpixel((0, 0), (0, 0, 0))
+    assert pixel_key(changed) != pixel_key(image)
+    assert pixel_key(square_image("red", 36)) != pixel_key(image)
+    assert pixel_key(image.convert("RGBA")) != pixel_key(image)
+    indexed = image.convert("P")
+    other_palette = indexed.copy()
+    other_palette.putpalette([255 - v for v in indexed.getpalette()])
+    assert other_palette.tobytes() == indexed.tobytes() and pixel_key(other_palette) != pixel_key(indexed)
+    assert pixel_key("not an image") != pixel_key("not an image".upper())
+
+
+def test_the_tool_suffix_is_rendered_once_per_image_size(tools_model):
+    """`ToolSuffix` gives the ids TRL's rendering gives, and renders tool messages that differ only in their images'
+    pixels once: a new size, text or tool name renders again."""
+    _, processor, _ = tools_model
+    suffix = ToolSuffix(processor, None, {})
+
+    def result(colour: str, size: int = 32, text: str = "quarter 1") -> list[dict]:
+        content = [{"type": "image", "image": square_image(colour, size)}, {"type": "text", "text": text}]
+        return [{"role": "tool", "name": "zoom", "content": content}]
+
+    def rendered(messages: list[dict]) -> list[int]:  # a fresh rendering, as TRL's
+        return ToolSuffix(processor, None, {})(messages)
+
+    red = suffix(result("red"))
+    assert red == rendered(result("red")) and suffix.renderings == 1
+    assert suffix(result("green")) == red and suffix.renderings == 1
+    larger = suffix(result("red", 48))
+    assert larger == rendered(result("red", 48)) != red and suffix.renderings == 2
+    assert suffix(result("red", text="quarter 2")) == rendered(result("red", text="quarter 2"))
+    assert suffix.renderings == 3
+    text_only = [{"role": "tool", "name": "count", "content": "5"}]
+    assert suffix(text_only) == rendered(text_only) and suffix.renderings == 4
 
 
 def test_tool_images_reach_the_forward_where_image_tokens_attend_each_other(tiny_model, tmp_path):

@@ -21,9 +21,11 @@ the environments drawn from their pool and reset (`reset_environments`), and eac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Hashable, Sequence
 from typing import Any
 
+import PIL.Image
 import torch
 
 from ..models import EncodedPrompt, ModelFamily
@@ -71,9 +73,12 @@ def image_parts(rows: Sequence[dict[str, torch.Tensor]]) -> list[dict[str, torch
 
 
 class ToolImageInputs:
-    """The image inputs of the images rows' tools returned, each row's list encoded once per generation batch: the
+    """The image inputs of the images rows' tools returned, each distinct list encoded once per generation batch: the
     turn that continues after the tools and the training passes read the same tensors (and, with frozen vision, the
     same stored features).
+
+    Lists are told apart by their images' pixels (`pixel_key`), so rows whose tools returned the same pixels (G
+    completions cropping the same region) share one encoding, as they share the same tensors.
 
     Args:
         family (`ModelFamily`): the family's module (`encode_images`).
@@ -83,15 +88,29 @@ class ToolImageInputs:
 
     def __init__(self, family: ModelFamily, processor: Any, device: torch.device):
         self.family, self.processor, self.device = family, processor, device
-        self._encoded: dict[tuple[int, ...], tuple[list[Any], dict[str, torch.Tensor]]] = {}
+        self._encoded: dict[tuple[Hashable, ...], tuple[list[Any], dict[str, torch.Tensor]]] = {}
+        self.encodings = 0  # lists run through the processor (for tests)
 
     def __call__(self, images: Sequence[Any]) -> dict[str, torch.Tensor]:
         """The image inputs of `images` (a row's tool images, in order), encoded at their first request."""
-        key = tuple(id(image) for image in images)
-        if key not in self._encoded:  # the images stay with their inputs: no other object can take their ids
+        key = tuple(pixel_key(image) for image in images)
+        if key not in self._encoded:  # the images stay with their inputs: an object's id stays unique
             inputs = self.family.encode_images(self.processor, images)
             self._encoded[key] = (list(images), {k: v.to(self.device) for k, v in inputs.items()})
+            self.encodings += 1
         return self._encoded[key][1]
+
+
+def pixel_key(image: Any) -> Hashable:
+    """What a processor reads of an image: a PIL image's mode, size, palette and a digest of its pixels (equal
+    pixels, equal key); any other object stands for itself (its id)."""
+    if not isinstance(image, PIL.Image.Image):
+        return ("object", id(image))
+    digest = hashlib.blake2b(image.tobytes(), digest_size=16)
+    palette = image.getpalette()
+    if palette is not None:
+        digest.update(bytes(palette))
+    return (image.mode, image.size, repr(image.info.get("transparency")), digest.digest())
 
 
 def row_image_inputs(

@@ -2,7 +2,7 @@
 
 After the first turn, each completion's tool calls run (sync tools in order, a row's async tools together on TRL's
 event loop); their results join the row as tool messages, with the chat template's own tokens between turns
-(`ToolLoop.suffix_ids`); a result that would push the row past `max_completion_length` or the model's context is
+(`ToolSuffix`); a result that would push the row past `max_completion_length` or the model's context is
 rolled back; the rows that called a tool sample their next turn; and so on, up to `max_tool_calling_iterations`. A
 failed call (an unknown tool, an exception, a call that ran past `tool_timeout`) is reported to the model as
 `{"error": ...}`. The rows' `tool_mask` is 0 on tool results (left out of the loss) and 1 on the model's tokens; the
@@ -30,9 +30,9 @@ from typing import Any
 
 from transformers import ProcessorMixin
 from trl.chat_template_utils import parse_response
-from trl.data_utils import prepare_multimodal_messages
 
 from ..models import EncodedPrompt
+from .tool_suffix import ToolSuffix
 
 Generate = Callable[
     [list[list[int]], list[list | None], bool, int], tuple[list[list[int]], list[list[float]] | None]
@@ -131,11 +131,11 @@ class ToolLoop:
         async_loop: asyncio.AbstractEventLoop | None,
         timeout: float | None,
     ):
-        self.processor, self.tokenizer = processor, processor.tokenizer
-        self.chat_template, self.chat_template_kwargs = chat_template, chat_template_kwargs
+        self.tokenizer = processor.tokenizer
         self.max_iterations, self.max_completion_length = max_iterations, max_completion_length
         self.max_model_len, self.async_loop, self.timeout = max_model_len, async_loop, timeout
-        self._call_prefixes: dict[str, list[int]] = {}  # tool name -> `suffix_ids`' rendered calling turn
+        # the ids the chat template writes after a calling turn (`ToolSuffix`: TRL's `_get_tool_suffix_ids`)
+        self.suffix_ids = ToolSuffix(processor, chat_template, chat_template_kwargs)
 
     def run(
         self,
@@ -314,34 +314,6 @@ class ToolLoop:
             if parsed.get("tool_calls"):
                 again.append(i)
         return again
-
-    def suffix_ids(self, tool_messages: list[dict[str, Any]]) -> list[int]:
-        """The ids the chat template writes after an assistant turn that called a tool: the tool results and the next
-        assistant turn's header, rendered from a minimal conversation with the real tool name (as TRL does)."""
-        name = tool_messages[0]["name"]
-        call = {"type": "function", "function": {"name": name, "arguments": {}}}
-        # "content" is required: VLM processors fail to tokenize an assistant turn without it
-        head = prepare_multimodal_messages(
-            [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
-        )
-        template = {"tokenize": True, "chat_template": self.chat_template, "return_dict": False}
-        if name not in self._call_prefixes:  # the same ids for every call of the tool
-            prefix = self.processor.apply_chat_template(
-                head, add_generation_prompt=False, **template, **self.chat_template_kwargs
-            )[0]
-            # templates that write a newline after the end of a turn are cut at its end-of-sequence token
-            ends = [k for k, token in enumerate(prefix) if token == self.tokenizer.eos_token_id]
-            self._call_prefixes[name] = prefix[: ends[-1] + 1] if ends else prefix
-        prefix = self._call_prefixes[name]
-        full = self.processor.apply_chat_template(
-            head + prepare_multimodal_messages(tool_messages), add_generation_prompt=True, **template,
-            **self.chat_template_kwargs,
-        )[0]  # fmt: skip
-        if full[: len(prefix)] != prefix:
-            raise ValueError(
-                "Unexpected tokenization: the EOS-trimmed prefix IDs are not a prefix of the full IDs."
-            )
-        return full[len(prefix) :]
 
 
 def history_prompts(
