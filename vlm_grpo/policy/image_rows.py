@@ -89,7 +89,6 @@ class ToolImageInputs:
     def __init__(self, family: ModelFamily, processor: Any, device: torch.device):
         self.family, self.processor, self.device = family, processor, device
         self._encoded: dict[tuple[Hashable, ...], tuple[list[Any], dict[str, torch.Tensor]]] = {}
-        self.encodings = 0  # lists run through the processor (for tests)
 
     def __call__(self, images: Sequence[Any]) -> dict[str, torch.Tensor]:
         """The image inputs of `images` (a row's tool images, in order), encoded at their first request."""
@@ -97,7 +96,6 @@ class ToolImageInputs:
         if key not in self._encoded:  # the images stay with their inputs: an object's id stays unique
             inputs = self.family.encode_images(self.processor, images)
             self._encoded[key] = (list(images), {k: v.to(self.device) for k, v in inputs.items()})
-            self.encodings += 1
         return self._encoded[key][1]
 
 
