@@ -18,8 +18,8 @@ from vlm_grpo import VLMGRPOTrainer
 from vlm_grpo.data.rows import load_rows
 from vlm_grpo.errors import VLMGRPOError
 from vlm_grpo.policy.adapters import base_model
+from vlm_grpo.policy.fast_generation import CACHE_BUCKET, FastGeneration, decide_fast_generation
 from vlm_grpo.policy.shared_prefix import shared_prefix_generate
-from vlm_grpo.rollout.fast_generation import CACHE_BUCKET, FastGeneration, decide_fast_generation
 from vlm_grpo.testing import DEFAULT_FAMILY, TINY_FAMILIES
 
 TOKENS = 6  # sampled per row
@@ -109,12 +109,20 @@ def test_compiled_decoding_compiles_once_over_prompt_lengths(tiny_model, tmp_pat
             False,
             "auto: off on cpu, where a static cache and a compiled step were measured",
         ),
+        ("auto", "cuda", {}, True, "fast_generation: auto: prompts prefilled into a static cache"),
+        (
+            "auto",
+            "mps",
+            {},
+            False,
+            "auto: off on mps, where a static cache and a compiled step have not been",
+        ),
         (
             "auto",
             "cuda",
-            {},
+            {"zero3": True},
             False,
-            "auto: off on cuda, where a static cache and a compiled step have not been",
+            "fast_generation: auto, but ZeRO-3 gathers the weights anew",
         ),
         ("true", "cuda", {}, True, "decoding compiled (cuda)"),
         ("true", "cpu", {}, True, "decoding compiled (cpu)"),

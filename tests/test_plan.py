@@ -175,6 +175,29 @@ def test_plan_prints_the_breakdown_and_a_verdict_for_a_recipe():
     assert "verdict     fits in 24 GiB with" in out
 
 
+def test_the_kv_cache_is_the_static_cache_where_fast_generation_runs(tiny_model):
+    """`fast_generation: auto` on CUDA decodes from a static cache of whole 256-token buckets, and the plan's KV cache
+    holds that length; on the CPU, with `false` or under ZeRO-3 the trainer keeps the growing cache: prompt + completion.
+    """
+    path = tiny_model(DEFAULT_FAMILY)
+
+    def kv_cache(device: str = "cuda", deepspeed=None, **options) -> tuple[int, int, str]:
+        plan_options = {"device": device} | ({"deepspeed": deepspeed, "processes": 2} if deepspeed else {})
+        result = planned(path, plan_options=plan_options, max_completion_length=100, **options)
+        (term,) = [t for t in result.plan.generation if t.name == "KV cache"]
+        tokens = re.fullmatch(r"\d+ rows x (\d+) tokens( \(static cache\))?", term.note).group(1)
+        return term.gpu, int(tokens), term.note
+
+    growing = kv_cache(fast_generation="false")
+    static = kv_cache()
+    assert static[2].endswith("(static cache)") and not growing[2].endswith("(static cache)")
+    assert static[1] == 256 * -(-growing[1] // 256) and static[1] > growing[1]  # the prompt + 100, rounded up
+    assert static[0] * growing[1] == growing[0] * static[1]  # bytes in proportion to the tokens
+    assert kv_cache("cpu") == growing  # auto: off on the CPU
+    assert kv_cache("cpu", fast_generation="true") == static
+    assert kv_cache(deepspeed=(3, False, False))[1] == growing[1]  # ZeRO-3: the growing cache
+
+
 def test_plan_gives_a_smaller_peak_with_zero3_over_more_gpus(tmp_path):
     def peak(*extra: str) -> float:
         result = plan_command("recipes/qwen2_5_vl_3b_rec.yaml", "--gpu_memory", "80GiB", *extra)

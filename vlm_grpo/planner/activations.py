@@ -105,9 +105,12 @@ def scoring_terms(recipe: Recipe, params: ParameterCounts, costs: TokenCosts, sh
 
 
 def generation_terms(recipe: Recipe, costs: TokenCosts, shared: bool) -> list[Term]:
-    """transformers' `generate`: the KV cache of the rows generated at once, and the larger of the prompts' prefill
-    (one layer at a time) and the sampling logits."""
+    """transformers' `generate`: the KV cache of the rows generated at once (with `fast_generation`, a static cache
+    of whole buckets of tokens), and the larger of the prompts' prefill (one layer at a time) and the sampling
+    logits."""
     rows, prompt, completion = recipe.generation_rows, recipe.prompt_tokens, recipe.completion_tokens
+    static = recipe.static_generation.max_cache_len(prompt, completion)
+    length = static or prompt + completion
     prefilled = (
         -(-rows // recipe.num_generations) if shared else rows
     )  # each group's prompt once, or every row's
@@ -115,8 +118,8 @@ def generation_terms(recipe: Recipe, costs: TokenCosts, shared: bool) -> list[Te
     logits = rows * costs.vocab_size * 4 * 2  # last-token logits and probabilities, float32
     cache = Term(
         "KV cache",
-        rows * (prompt + completion) * costs.cache,
-        note=f"{rows} rows x {prompt + completion} tokens",
+        rows * length * costs.cache,
+        note=f"{rows} rows x {length} tokens" + (" (static cache)" if static else ""),
     )
     larger = f"prefill of {prefilled} prompt row(s)" if prefill > logits else "sampling logits"
     return [cache, Term("prefill / sampling", max(prefill, logits), note=f"the larger: {larger}")]

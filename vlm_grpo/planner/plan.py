@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from transformers import GenerationConfig
 
+from ..policy.fast_generation import FastGeneration, decide_fast_generation
 from ..policy.sharing_plan import PASSES
 
 GIB = 2**30
@@ -97,6 +99,8 @@ class Recipe:
         scores_every_position (`bool`): TRL's LM head scores every position it is given (devices without
             Triton), not only the completion tokens.
         sharing (`SharingInputs`): what the trainer's prompt-sharing policy is built from.
+        fast_generation (`str`): the `fast_generation` option ("auto", "true", "false").
+        device (`str`): the device type it trains on ("cuda", "cpu").
     """
 
     weight_bytes: int = 2
@@ -126,6 +130,8 @@ class Recipe:
     vllm_server: bool = False
     scores_every_position: bool = False
     sharing: SharingInputs = field(default_factory=SharingInputs)
+    fast_generation: str = "auto"
+    device: str = "cuda"
 
     @property
     def scoring_pass(self) -> bool:
@@ -136,6 +142,18 @@ class Recipe:
     def quantized(self) -> bool:
         """The base weights are quantized by bitsandbytes (4-bit or 8-bit)."""
         return self.load_in_4bit or self.load_in_8bit
+
+    @property
+    def static_generation(self) -> FastGeneration:
+        """The trainer's `fast_generation` decision for these settings: when enabled, transformers' `generate`
+        decodes from a static cache of whole buckets of tokens."""
+        return decide_fast_generation(
+            self.fast_generation,
+            torch.device(self.device),
+            None if self.vllm_colocate_fraction > 0 or self.vllm_server else self.sharing.generation_config,
+            self.quantized,
+            self.zero_stage == 3,
+        )
 
     @property
     def adapter_bytes(self) -> int:

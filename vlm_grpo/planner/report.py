@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from transformers.training_args import OptimizerNames
 
+from ..config import fast_generation_mode
 from ..errors import VLMGRPOError
 from ..models import get_model_family
 from .advice import Advice
@@ -291,6 +292,8 @@ def _recipe(
         vllm_server=training_args.use_vllm and training_args.vllm_mode == "server",
         scores_every_position=device != "cuda",
         sharing=sharing,
+        fast_generation=fast_generation_mode(training_args.fast_generation),
+        device=device,
     )
 
 

@@ -26,11 +26,11 @@ from trl.models import unwrap_model_for_generation
 
 from ..models import EncodedPrompt, ModelFamily
 from ..policy.adapters import base_model, drop_repeated_input_grad_hooks
+from ..policy.fast_generation import FastGeneration
 from ..policy.image_features import ImageFeatureCache, reusing_features
 from ..policy.image_rows import ToolImageInputs, row_image_inputs
 from ..policy.shared_prefix import shared_prefix_continue, shared_prefix_generate
 from .batch import pad_rows
-from .fast_generation import FastGeneration
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ from typing import Any
 
 from ..config import fast_generation_mode, sharing_mode
 from ..errors import VLMGRPOError
+from ..policy.fast_generation import FastGeneration, decide_fast_generation
 from ..policy.image_features import ImageFeatureCache
 from ..policy.sharing_plan import SharingPolicy
 from ..rollout.asynchronous import AsyncRollouts, generation_batches
 from ..rollout.dynamic_sampling import DynamicSampling
-from ..rollout.fast_generation import FastGeneration, decide_fast_generation
 from ..rollout.generation import GenerateSettings, TransformersSampler
 from ..rollout.prompt_stream import PromptStream
 from ..rollout.rollout import Rollout, RolloutSettings, Tools
