@@ -109,7 +109,7 @@ def generation_terms(recipe: Recipe, costs: TokenCosts, shared: bool) -> list[Te
     of whole buckets of tokens), and the larger of the prompts' prefill (one layer at a time) and the sampling
     logits."""
     rows, prompt, completion = recipe.generation_rows, recipe.prompt_tokens, recipe.completion_tokens
-    static = recipe.static_generation.max_cache_len(prompt, completion)
+    static = recipe.fast_generation_decision.max_cache_len(prompt, completion)
     length = static or prompt + completion
     prefilled = (
         -(-rows // recipe.num_generations) if shared else rows

@@ -144,7 +144,7 @@ class Recipe:
         return self.load_in_4bit or self.load_in_8bit
 
     @property
-    def static_generation(self) -> FastGeneration:
+    def fast_generation_decision(self) -> FastGeneration:
         """The trainer's `fast_generation` decision for these settings: when enabled, transformers' `generate`
         decodes from a static cache of whole buckets of tokens."""
         return decide_fast_generation(

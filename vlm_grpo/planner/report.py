@@ -137,8 +137,9 @@ def plan_config(
         images (`int`, defaults to 1): images per prompt.
         text_tokens (`int`, defaults to 64): text tokens of a prompt (chat template included).
         model_config (`str | None`, defaults to None): a `config.json` for a model that is not local.
-        device (`str`, defaults to `"cuda"`): where it trains; TRL's LM head scores only completion tokens on CUDA
-            (Triton) and every position elsewhere.
+        device (`str`, defaults to `"cuda"`): where it trains ("cuda" or "cpu"); TRL's LM head scores only completion
+            tokens on CUDA (Triton) and every position elsewhere, and `fast_generation: auto` decodes from a static
+            cache on CUDA only.
         advise (`bool`, defaults to False): also plan the changes that would lower the peak (`Planned.advice`).
         videos (`VideoShape | None`, defaults to None): the videos of each prompt; None: no video.
 
