@@ -58,7 +58,7 @@ def _recipe_changes(recipe: Recipe) -> list[tuple[str, Recipe]]:
         changes.append(
             ("optim: adamw_bnb_8bit (8-bit AdamW states)", replace(recipe, optim="adamw_bnb_8bit"))
         )
-    if recipe.zero_stage == 3 and recipe.ds3_gather_for_generation and not _vllm(recipe):
+    if recipe.zero_stage == 3 and recipe.ds3_gather_for_generation and not recipe.use_vllm:
         changes.append(("ds3_gather_for_generation: false", replace(recipe, ds3_gather_for_generation=False)))
     if recipe.processes > 1 and recipe.zero_stage < 3:
         changes.append((f"DeepSpeed ZeRO-3 (--deepspeed {ZERO3})", replace(recipe, zero_stage=3)))
@@ -66,10 +66,6 @@ def _recipe_changes(recipe: Recipe) -> list[tuple[str, Recipe]]:
         offload = replace(recipe, zero_stage=3, offload_optimizer=True, offload_params=True)
         changes.append((f"DeepSpeed ZeRO-3 with CPU offload (--deepspeed {ZERO3_OFFLOAD})", offload))
     return changes
-
-
-def _vllm(recipe: Recipe) -> bool:
-    return recipe.vllm_colocate_fraction > 0 or recipe.vllm_server
 
 
 def _more_gpus(recipe: Recipe, fits: Any) -> tuple[str, Recipe] | None:

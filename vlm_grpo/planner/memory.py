@@ -128,7 +128,7 @@ def _optimizer(recipe: Recipe, params: ParameterCounts) -> Term:
 def _generation(
     recipe: Recipe, params: ParameterCounts, costs: TokenCosts, gpu_memory: int, sharing: PassSharing
 ) -> list[Term]:
-    vllm = recipe.vllm_colocate_fraction > 0 or recipe.vllm_server
+    vllm = recipe.use_vllm
     terms = []
     if recipe.zero_stage == 3 and (recipe.lora_r is not None if vllm else recipe.ds3_gather_for_generation):
         whole = _base_bytes(recipe, params)[0] + params.lora * recipe.adapter_bytes

@@ -139,6 +139,11 @@ class Recipe:
         return self.beta != 0.0 or self.old_log_probs
 
     @property
+    def use_vllm(self) -> bool:
+        """Generation is by vLLM, colocated or served from other GPUs."""
+        return self.vllm_colocate_fraction > 0 or self.vllm_server
+
+    @property
     def quantized(self) -> bool:
         """The base weights are quantized by bitsandbytes (4-bit or 8-bit)."""
         return self.load_in_4bit or self.load_in_8bit
@@ -150,7 +155,7 @@ class Recipe:
         return decide_fast_generation(
             self.fast_generation,
             torch.device(self.device),
-            None if self.vllm_colocate_fraction > 0 or self.vllm_server else self.sharing.generation_config,
+            None if self.use_vllm else self.sharing.generation_config,
             self.quantized,
             self.zero_stage == 3,
         )

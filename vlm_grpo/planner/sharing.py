@@ -63,7 +63,7 @@ def plan_sharing(recipe: Recipe) -> PassSharing:
     zero3 = recipe.zero_stage == 3
     per_module_gathers = zero3 and recipe.processes > 1 and not recipe.ds3_gather_for_generation
     image_feature_cache = not inputs.vision_trains and not per_module_gathers
-    vllm = recipe.vllm_colocate_fraction > 0 or recipe.vllm_server
+    vllm = recipe.use_vllm
     reentrant = inputs.use_reentrant or (
         recipe.lora_r is not None and zero3
     )  # TRL forces it for PEFT + ZeRO-3
