@@ -2,7 +2,7 @@
 `zoom` tool shows them, and a reward on the tool call (see `vlm_grpo.demos.zoom` for the demo).
 
 A scene is `SCENE`x`SCENE` pixels; each of its quarters holds a `MARK`x`MARK` mark filled with one of `PATTERNS` (4x4
-tiles of 8 dark pixels, any two orthogonal as +-1 tiles), the four in a random order. Reduced by `TILE` (what the
+tiles of 8 dark pixels, any two orthogonal as +-1 tiles), drawn at random for each quarter. Reduced by `TILE` (what the
 model is first shown), every mark becomes the same grey, pixel for pixel.
 """
 
@@ -23,13 +23,14 @@ PATTERNS: dict[str, list[list[int]]] = {
     "rows": [[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]],
     "columns": [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]],
     "checks": [[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1]],
-    "lines": [[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]],
 }
 """The marks' fills, as 4x4 tiles (1 is dark): each has 8 dark pixels, so every tile averages to the same grey, and
-any two agree on half their pixels (as +-1 tiles they are orthogonal), so none is a shade of another."""
+any two agree on half their pixels (as +-1 tiles they are orthogonal), so none is a shade of another. Three, not four:
+each fourth pattern tried (`diagonal`, `squares`, 1-pixel `lines`) was, on some seed, never answered after GRPO, and
+the others always were (docs/demos.md, "Zoom")."""
 QUARTERS = ("top left", "top right", "bottom left", "bottom right")
 """The quarters 1-4 by name, as the questions name them and as `zoom`'s description numbers them."""
-QUESTION = "Which pattern fills the {where} quarter ? Options : rows , columns , checks , lines ."
+QUESTION = "Which pattern fills the {where} quarter ? Options : rows , columns , checks ."
 
 
 class ZoomScene:
@@ -115,22 +116,26 @@ def question(region: int) -> str:
     return QUESTION.format(where=QUARTERS[region - 1])
 
 
-def write_data(out_dir: Path, seed: int = 0, n_train: int = 512, n_warm: int = 128, n_eval: int = 64) -> dict:
+def write_data(out_dir: Path, seed: int = 0, n_train: int = 512, n_warm: int = 96, n_eval: int = 64) -> dict:
     """Write the scenes, the shown images and the records of each split; returns the data configs by split name and
     the warm-start answers (`"warm_answers"`, one per warm-start record).
 
-    The warm-start records come in fours: one scene and one question, answered once with each pattern. Trained on
-    them, the model's answer to a question is as likely to be any pattern, whatever the image: the warm start
-    teaches the call and the answer's form, and nothing that GRPO would have to unlearn.
+    Each quarter's pattern is drawn at random, and the one asked about takes each pattern in turn, so that each is the
+    answer equally often (an answer that ignores the image is right a third of the time). The warm-start records come
+    in threes: one scene and one question, answered once with each pattern. Trained on them, the model's answer to a
+    question is as likely to be any pattern, whatever the image: the warm start teaches the call and the answer's
+    form, and nothing that GRPO would have to unlearn.
 
     Args:
         out_dir (`Path`): the data folder.
         seed (`int`, *optional*, defaults to `0`): seed of the drawing.
         n_train (`int`, *optional*, defaults to `512`): GRPO records.
-        n_warm (`int`, *optional*, defaults to `128`): warm-start records.
+        n_warm (`int`, *optional*, defaults to `96`): warm-start records (32 scenes and questions, each answered with
+            the three patterns).
         n_eval (`int`, *optional*, defaults to `64`): held-out records.
     """
     rng = random.Random(seed)
+    names = list(PATTERNS)
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
     for split, n in (("train", n_train), ("warm", n_warm), ("eval", n_eval)):
@@ -138,8 +143,11 @@ def write_data(out_dir: Path, seed: int = 0, n_train: int = 512, n_warm: int = 1
         repeats = len(PATTERNS) if split == "warm" else 1  # a warm-start prompt once with each answer
         for i in range(n):
             if i % repeats == 0:
-                patterns = rng.sample(list(PATTERNS), len(PATTERNS))
-                region = i // repeats % 4 + 1
+                scene_index = i // repeats
+                region = scene_index % len(QUARTERS) + 1
+                patterns = [rng.choice(names) for _ in QUARTERS]
+                # each pattern is the answer equally often
+                patterns[region - 1] = names[scene_index % len(names)]
                 scene = draw_scene(patterns, rng)
                 name = f"images/{split}_{i // repeats:04d}"
                 scene.save(out_dir / f"{name}_scene.png")
