@@ -26,8 +26,8 @@ PATTERNS: dict[str, list[list[int]]] = {
 }
 """The marks' fills, as 4x4 tiles (1 is dark): each has 8 dark pixels, so every tile averages to the same grey, and
 any two agree on half their pixels (as +-1 tiles they are orthogonal), so none is a shade of another. Three, not four:
-each fourth pattern tried (`diagonal`, `squares`, 1-pixel `lines`) was, on some seed, never answered after GRPO, and
-the others always were (docs/demos.md, "Zoom")."""
+each fourth pattern tried (`diagonal`, `squares`, 1-pixel `lines`) was, on some seed, never answered right after
+GRPO, while the other three were (docs/demos.md, "Zoom")."""
 QUARTERS = ("top left", "top right", "bottom left", "bottom right")
 """The quarters 1-4 by name, as the questions name them and as `zoom`'s description numbers them."""
 QUESTION = "Which pattern fills the {where} quarter ? Options : rows , columns , checks ."
