@@ -304,6 +304,8 @@ def build_qwen(
             "mrope_section": _mrope_section(head_dim, interleaved=is_qwen3),
         },
         "pad_token_id": pad_id,
+        "bos_token_id": pad_id,  # <|endoftext|>, as in the published text configs of Qwen2-VL to Qwen3-VL
+        "eos_token_id": eos_id,
     }
     vision_config: dict[str, Any] = {
         "depth": num_hidden_layers,
@@ -320,7 +322,6 @@ def build_qwen(
         "vision_end_token_id": ids["<|vision_end|>"],
     }
     if family == "qwen2_vl":
-        text_config.update(bos_token_id=pad_id, eos_token_id=eos_id)
         # Qwen2-VL's patch merger projects straight to `vision_config.hidden_size`, the text width.
         vision_config.update(embed_dim=VISION_WIDTH, hidden_size=hidden_size, mlp_ratio=2)
         config = Qwen2VLConfig(
@@ -331,7 +332,6 @@ def build_qwen(
         )
         model_cls: type = Qwen2VLForConditionalGeneration
     elif family == "qwen2_5_vl":
-        text_config.update(bos_token_id=pad_id, eos_token_id=eos_id)
         vision_config.update(
             hidden_size=VISION_WIDTH,
             intermediate_size=2 * VISION_WIDTH,
