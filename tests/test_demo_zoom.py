@@ -168,7 +168,8 @@ def test_the_verdict_says_which_run_the_documented_figure_is_for():
 def test_zoom_demo_runs_with_tool_calls_and_tool_images(tmp_path):
     small = dict(
         max_steps=2, logging_steps=1, log_samples_steps=1, per_device_train_batch_size=16, warm_epochs=32,
-        data_sizes={**SMALL, "n_warm": 96},  # the demo's warm start: enough to write the call every time
+        # the demo's own warm-start records (drawn after its 512 GRPO records): they teach the call every time
+        data_sizes={**SMALL, "n_train": 512, "n_warm": 96},
     )  # fmt: skip
     result = zoom.run_zoom(str(tmp_path / "run"), **small)
     for stage in ("start", "warm", "after"):
